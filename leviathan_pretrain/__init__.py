@@ -1,0 +1,1 @@
+"""Leviathan-pretrain: LEV-embedding GPTs on megatron-core + DeepSpeed."""

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job on an embedded default corpus; see README "Demo".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+exec python -m data_prep.demo --out runs/demo "$@"
