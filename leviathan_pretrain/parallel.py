@@ -1,0 +1,190 @@
+"""Process groups: rank discovery, torch.distributed + megatron-core parallel_state, device, seeding.
+
+One code path for every launcher and machine:
+- rank variables from torchrun / the ``deepspeed`` launcher (``RANK``, ``WORLD_SIZE``, ...), from SLURM
+  (``SLURM_PROCID``, ``SLURM_NTASKS``, ...), from MPI (mpi4py discovery under ``mpirun``/``srun --mpi``),
+  or a single local process;
+- ``gloo`` + CPU + fp32 here, ``nccl`` + CUDA (+ bf16) on GPU clusters, chosen by
+  :class:`~leviathan_pretrain.config.ParallelConfig` (``auto`` picks from the hardware);
+- megatron-core's ``parallel_state`` owns the TP x PP x DP groups; :class:`DeepSpeedMPU` presents them to
+  DeepSpeed so that ZeRO partitions over the data-parallel group only.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from leviathan_pretrain.config import ConfigError, ParallelConfig
+
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def discover_rank_env(environ=os.environ) -> dict:
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT from whatever launched us."""
+    env = {}
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        env["LOCAL_RANK"] = environ.get("LOCAL_RANK", environ["RANK"])
+    elif "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        env["RANK"] = environ["SLURM_PROCID"]
+        env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
+        if "MASTER_ADDR" not in environ:
+            raise RuntimeError("running under srun with several tasks but MASTER_ADDR is not set; launch "
+                               "through launchers/ (which sets it) or export the first node's address")
+        env.setdefault("MASTER_PORT", environ.get("MASTER_PORT", str(29500 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)))
+    elif any(v in environ for v in MPI_RANK_VARS):
+        from mpi4py import MPI  # only under an MPI launcher
+        comm = MPI.COMM_WORLD
+        rank, size = comm.Get_rank(), comm.Get_size()
+        addr = comm.bcast(socket.gethostbyname(socket.gethostname()) if rank == 0 else None, root=0)
+        port = comm.bcast(environ.get("MASTER_PORT") or (str(free_port()) if rank == 0 else None), root=0)
+        names = comm.allgather(MPI.Get_processor_name())
+        env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(names[:rank].count(names[rank])),
+                   MASTER_ADDR=environ.get("MASTER_ADDR", addr), MASTER_PORT=port)
+    else:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if "MASTER_ADDR" not in environ and "MASTER_ADDR" not in env:
+        env["MASTER_ADDR"] = "127.0.0.1"
+    if "MASTER_PORT" not in environ and "MASTER_PORT" not in env:
+        if int(env.get("WORLD_SIZE", environ.get("WORLD_SIZE", "1"))) > 1:
+            raise RuntimeError("MASTER_PORT is not set for a multi-process run")
+        env["MASTER_PORT"] = str(free_port())
+    return env
+
+
+def select_device(pcfg: ParallelConfig, local_rank: int = 0) -> torch.device:
+    want = pcfg.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("parallel.device: cuda requested but torch.cuda.is_available() is False")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
+    """GPU-only options stay in the config but fail clearly where they cannot run."""
+    if device.type != "cuda":
+        if pcfg.sequence_parallel:
+            raise ConfigError("parallel.sequence_parallel: needs CUDA (megatron-core's sequence-parallel "
+                              "gathers use the CUDA device); set it to false on CPU")
+        if pcfg.precision == "fp16":
+            raise ConfigError("parallel.precision: fp16 needs CUDA (DeepSpeed's CPU path has no fp16); "
+                              "use fp32 or bf16 on CPU")
+        if pcfg.backend == "nccl":
+            raise ConfigError("parallel.backend: nccl needs CUDA; use gloo or auto on CPU")
+
+
+def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
+    """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent."""
+    for k, v in discover_rank_env().items():
+        os.environ.setdefault(k, v)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = select_device(pcfg, local_rank)
+    check_gpu_only_options(pcfg, device)
+    backend = pcfg.backend if pcfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    model_parallel = pcfg.tensor_parallel * pcfg.pipeline_parallel
+    if world % model_parallel:
+        raise ConfigError(f"parallel: world size {world} is not divisible by tensor_parallel x pipeline_parallel "
+                          f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    from megatron.core import parallel_state as ps
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=pcfg.tensor_parallel,
+                                     pipeline_model_parallel_size=pcfg.pipeline_parallel,
+                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+                                     create_gloo_process_groups=device.type == "cuda")
+    return DistEnv(rank, world, local_rank, device, backend)
+
+
+def seed_everything(seed: int, device: torch.device) -> None:
+    """Megatron's convention: the seed differs per pipeline stage, equal across TP and DP ranks.
+
+    Weights are initialised on the CPU from the full master tensor (``use_cpu_initialization``), so TP
+    shards equal the TP=1 weights; on GPU megatron-core's CUDA RNG tracker is seeded too (dropout)."""
+    import random
+
+    import numpy as np
+    from megatron.core import parallel_state as ps
+    seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        from megatron.core import tensor_parallel
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_distributed() -> None:
+    """Tear down cleanly (a live gloo thread can abort the interpreter at exit)."""
+    from megatron.core import parallel_state as ps
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+class DeepSpeedMPU:
+    """megatron-core's groups in the interface DeepSpeed's ``mpu`` argument expects.
+
+    DeepSpeed's "model parallel" is megatron-core's *tensor* parallel (pipeline stages are handled by
+    DeepSpeed's own engine), so ZeRO partitions over the data-parallel group only and gradient clipping
+    counts tensor-parallel shards once (it reads megatron-core's ``tensor_model_parallel`` attribute)."""
+
+    def __init__(self):
+        from megatron.core import parallel_state as ps
+        self.ps = ps
+
+    def get_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_model_parallel_rank(self):
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    def get_data_parallel_world_size(self):
+        return self.ps.get_data_parallel_world_size()
+
+    def get_data_parallel_rank(self):
+        return self.ps.get_data_parallel_rank()
+
+    def get_data_parallel_group(self):
+        return self.ps.get_data_parallel_group()
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.ps.get_pipeline_model_parallel_world_size()
+
+    def get_pipeline_model_parallel_rank(self):
+        return self.ps.get_pipeline_model_parallel_rank()
+
+    def get_pipeline_model_parallel_group(self):
+        return self.ps.get_pipeline_model_parallel_group()

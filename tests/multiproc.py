@@ -1,0 +1,104 @@
+"""Run a Python entry point on N local ranks (gloo), with a hard timeout and no process left behind.
+
+``run_ranks(["-m", "pkg.module", "arg"], nprocs=2, timeout=120)`` starts N interpreters with the usual
+rank variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), each in its own process
+session, and waits. A hang or one rank dying while the others wait in a collective is a failure: the
+whole group is killed and :class:`RanksFailed` carries every rank's output.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int | None
+    output: str
+
+
+class RanksFailed(AssertionError):
+    pass
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(procs):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def base_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_ranks(args: list[str], nprocs: int = 2, timeout: float = 180.0, env: dict | None = None,
+              cwd: str | Path | None = None, check: bool = True, grace: float = 20.0) -> list[RankResult]:
+    """Run ``python *args`` on ``nprocs`` ranks; fail (and kill all) on timeout or if any rank fails.
+
+    ``grace``: once one rank exits non-zero, how long the others may take to finish before being
+    killed (they are usually blocked in a collective with the dead rank)."""
+    port = _free_port()
+    procs, logs = [], []
+    try:
+        for rank in range(nprocs):
+            log = tempfile.TemporaryFile(mode="w+")
+            logs.append(log)
+            e = base_env(env)
+            e.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([sys.executable, *args], env=e, cwd=cwd or REPO, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        first_failure = None
+        timed_out = False
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if first_failure is None and any(p.poll() not in (None, 0) for p in procs):
+                first_failure = now
+            if now > deadline or (first_failure is not None and now - first_failure > grace):
+                timed_out = now > deadline
+                break
+            time.sleep(0.1)
+    finally:
+        _kill(procs)
+    results = []
+    for rank, (p, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        results.append(RankResult(rank, p.returncode, log.read()))
+        log.close()
+    if check and (timed_out or any(r.returncode != 0 for r in results)):
+        what = f"timed out after {timeout:.0f} s" if timed_out else "a rank failed"
+        detail = "\n".join(f"--- rank {r.rank} (rc={r.returncode}) ---\n{r.output[-6000:]}" for r in results)
+        raise RanksFailed(f"{' '.join(args)}: {what}\n{detail}")
+    return results

@@ -1,0 +1,21 @@
+"""Worker: init the TP x PP x DP groups from the launcher's variables and check them with collectives."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from leviathan_pretrain.config import ParallelConfig
+from leviathan_pretrain.parallel import DeepSpeedMPU, destroy_distributed, init_distributed
+
+tp, pp = int(sys.argv[1]), int(sys.argv[2])
+env = init_distributed(ParallelConfig(tensor_parallel=tp, pipeline_parallel=pp))
+mpu = DeepSpeedMPU()
+t = torch.tensor([float(env.rank + 1)])
+dist.all_reduce(t, group=mpu.get_model_parallel_group())
+out = {"rank": env.rank, "world": env.world_size, "backend": env.backend, "device": str(env.device),
+       "tp_size": mpu.get_model_parallel_world_size(), "tp_rank": mpu.get_model_parallel_rank(),
+       "dp_size": mpu.get_data_parallel_world_size(), "pp_size": mpu.get_pipeline_model_parallel_world_size(),
+       "tp_sum": t.item()}
+print("RESULT " + json.dumps(out))
+destroy_distributed()
