@@ -30,7 +30,8 @@ class LEVConfig:
     init_std: float = 0.02         # codebooks C and head projections W_l
     spline_init_std: float = 0.1   # S = 1 + N(0, spline_init_std^2)
     out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
-    token_chunk: int = 2048        # unique ids per chunk of the [tokens, heads, d_seed, r] work
+    token_chunk: int | None = None  # unique ids per chunk of the [ids, heads, d_seed, r] work; None -> auto
+    chunk_elements: int = 16_777_216  # auto chunk: at most this many elements per [ids, heads/tp, d_seed, r] block
     recompute: bool = True         # recompute chunk intermediates in backward instead of storing them
 
     def resolved_base(self, vocab_size: int) -> int:
@@ -46,9 +47,11 @@ class LEVConfig:
     def validate(self, prefix: str) -> None:
         require(self.digits >= 1, f"{prefix}.digits", f"must be >= 1, got {self.digits}")
         require(self.base is None or self.base >= 2, f"{prefix}.base", f"must be >= 2, got {self.base}")
-        for name in ("seed_dim", "heads", "rank", "token_chunk"):
+        for name in ("seed_dim", "heads", "rank", "chunk_elements"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
+        require(self.token_chunk is None or self.token_chunk >= 1, f"{prefix}.token_chunk",
+                f"must be >= 1 or null (auto), got {self.token_chunk}")
         require(self.knots >= 3, f"{prefix}.knots",
                 f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}")
         require(self.log_eps > 0, f"{prefix}.log_eps", "must be > 0")
@@ -98,6 +101,36 @@ class ModelConfig:
             require(b ** self.lev.digits >= self.vocab_size, f"{prefix}.lev.base",
                     f"b**k = {b}**{self.lev.digits} = {b ** self.lev.digits} < vocab_size {self.vocab_size}; "
                     "raise lev.base or lev.digits")
+
+    def validate_with(self, parallel: "ParallelConfig", data: "DataConfig", prefix: str = "model") -> None:
+        """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
+        tp = parallel.tensor_parallel
+        if self.variant in ("flat_mlp", "factored_mlp"):
+            from leviathan_pretrain.model import sizes
+            hidden = sizes.flat_mlp_dims(self)[1] if self.variant == "flat_mlp" else sizes.factored_mlp_hidden(self)
+            require(hidden % tp == 0, f"{prefix}.mlp_hidden",
+                    f"the {self.variant} hidden width {hidden} is not divisible by parallel.tensor_parallel={tp}")
+        if data.tokenizer:
+            n = tokenizer_vocab_size(data.tokenizer)
+            require(n <= self.vocab_size, f"{prefix}.vocab_size",
+                    f"{self.vocab_size} is smaller than the vocabulary of data.tokenizer={data.tokenizer} ({n} "
+                    f"pieces); set {prefix}.vocab_size={n}")
+            if n < self.vocab_size:
+                import warnings
+                warnings.warn(f"{prefix}.vocab_size={self.vocab_size} is larger than data.tokenizer's {n} pieces; "
+                              "the extra ids are never seen (set them equal unless that is intended)", stacklevel=2)
+
+
+def tokenizer_vocab_size(path: str) -> int:
+    """Pieces in a SentencePiece ``.model`` (sentencepiece is imported only here)."""
+    if not Path(path).is_file():
+        raise ConfigError(f"data.tokenizer: {path} does not exist")
+    import sentencepiece as spm
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
+    except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
+        raise ConfigError(f"data.tokenizer: {path} is not a SentencePiece model ({e})") from None
+
 
 
 @dataclass
@@ -225,6 +258,7 @@ class Config:
         if m.variant == "lev":
             require(m.lev.heads % tp == 0, "parallel.tensor_parallel",
                     f"tensor_parallel={tp} does not divide model.lev.heads={m.lev.heads}")
+        m.validate_with(p, self.data)
         require(m.num_layers % p.pipeline_parallel == 0 or m.num_layers >= p.pipeline_parallel,
                 "parallel.pipeline_parallel",
                 f"pipeline_parallel={p.pipeline_parallel} exceeds model.num_layers={m.num_layers}")

@@ -1,0 +1,67 @@
+"""Model FLOPs per token (for MFU) and weight-decay grouping.
+
+FLOPs convention (PaLM / Megatron-LM style, *model* FLOPs: no recomputation counted):
+
+    flops/token = 6 * N_matmul  +  12 * L * D * s  +  input_layer
+
+- ``N_matmul``: weights used in matmuls for every token: per layer QKV ``D*(D + 2*kv)``, attention output
+  ``D*D``, SwiGLU ``3*D*F``; plus the output head ``V_pad*D`` (also when tied). Norms and table lookups: 0.
+- ``12*L*D*s``: attention scores and values (QK^T and AV, forward 4*D*s per layer, x3), full s x s
+  (causal masking not discounted, the usual convention).
+- Input layers that compute rows per unique id (LEV, ALBERT, MLP ablations) cost
+  ``3 * forward_flops_per_id * unique_ratio`` where ``unique_ratio`` = unique ids / tokens in the micro-batch
+  (1.0, the default, is an upper bound; ``model.embedding.last_unique_ratio`` holds the last measured one).
+  LEV's forward per id: ``2*h*d^2`` (W_l) + ``7*h*d*r`` (3 gathered multiply-adds and the log-sum per
+  element of the [h, d, r] block; transcendentals counted as 1) + ``2*h*r*D`` (W_out).
+"""
+from __future__ import annotations
+
+from leviathan_pretrain.model import sizes
+
+
+def input_forward_flops_per_id(model) -> float:
+    """Forward FLOPs of the input layer per unique id (0 for plain tables)."""
+    v, D = model.variant, model.hidden_size
+    if v == "lev":
+        lev = model.lev
+        h, d, r = lev.heads, lev.seed_dim, lev.rank
+        return 2 * h * d * d + 7 * h * d * r + 2 * h * r * D
+    if v == "albert":
+        return 2 * sizes.albert_dim(model) * D
+    if v == "flat_mlp":
+        e, m = sizes.flat_mlp_dims(model)
+        return 2 * (e * m + m * D)
+    if v == "factored_mlp":
+        m = sizes.factored_mlp_hidden(model)
+        return 2 * (model.lev.seed_dim * m + m * D)
+    return 0.0
+
+
+def model_flops_per_token(cfg, unique_ratio: float = 1.0) -> float:
+    """Training FLOPs (forward + backward) per token of ``cfg.model``; see the module doc for the convention."""
+    m = cfg.model
+    D, L, s = m.hidden_size, m.num_layers, m.seq_length
+    kv = (m.num_query_groups or m.num_attention_heads) * (D // m.num_attention_heads)
+    per_layer = D * (D + 2 * kv) + D * D + 3 * D * m.resolved_ffn_hidden_size()
+    head = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_parallel) * D
+    return 6.0 * (L * per_layer + head) + 12.0 * L * D * s + 3.0 * input_forward_flops_per_id(m) * unique_ratio
+
+
+def no_weight_decay(name: str, param) -> bool:
+    """True for norms and biases (``ndim < 2``) and parameters flagged ``no_weight_decay`` (LEV's LayerNorm
+    affines and spline values). LEV codebooks are flagged ``lev_codebook`` instead (see weight_decay_groups)."""
+    return param.ndim < 2 or getattr(param, "no_weight_decay", False)
+
+
+def weight_decay_groups(model, weight_decay: float, decay_lev_codebooks: bool = False) -> list[dict]:
+    """Optimizer param groups: ``[{"params": decayed, "weight_decay": wd}, {"params": rest, "weight_decay": 0}]``
+    (the LEV codebooks join the decayed group only with ``decay_lev_codebooks``). Shared (tied) parameters
+    appear once."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        skip = no_weight_decay(name, p) or (getattr(p, "lev_codebook", False) and not decay_lev_codebooks)
+        (no_decay if skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,0 +1,72 @@
+"""CPU-safe pieces for megatron-core's GPT: SDPA core attention and a rotary embedding that stays put.
+
+- :class:`SDPACoreAttention` replaces ``DotProductAttention`` in the layer spec's
+  ``self_attention.submodules.core_attention`` (megatron-core's own extension point): same constructor and
+  ``forward`` signature, but it calls ``torch.nn.functional.scaled_dot_product_attention`` instead of
+  allocating from megatron's global CUDA memory buffer.
+- :class:`CPUSafeRotaryEmbedding` is megatron-core's ``RotaryEmbedding`` whose ``get_emb`` moves
+  ``inv_freq`` to the current CUDA device only when CUDA exists (the stock one always does).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import divide
+
+from leviathan_pretrain.model.tp import tp_size
+
+
+class SDPACoreAttention(MegatronModule):
+    """``core_attention`` for megatron-core's ``SelfAttention``: ``[s, b, heads, dim]`` in, ``[s, b, heads*dim]`` out.
+
+    Causal masking by ``is_causal`` (megatron's ``attention_mask`` is ignored for causal layers, as in
+    ``DotProductAttention``); an explicit boolean mask (True = masked out) is honoured for non-causal
+    mask types. GQA: key/value heads are repeated to the query heads."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str = "self",
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("parallel: context parallelism is not supported by the SDPA core attention")
+        self.attn_mask_type = attn_mask_type
+        world = tp_size()
+        self.heads = divide(config.num_attention_heads, world)
+        self.groups = divide(config.num_query_groups or config.num_attention_heads, world)
+        self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise NotImplementedError("SDPA core attention: packed sequences / attention bias are not supported")
+        if self.heads != self.groups:
+            key = key.repeat_interleave(self.heads // self.groups, dim=2)
+            value = value.repeat_interleave(self.heads // self.groups, dim=2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))         # [b, heads, s, dim]
+        mask_type = attn_mask_type or self.attn_mask_type
+        causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        mask = None if causal or attention_mask is None else ~attention_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and q.shape[2] > 1,
+                                             dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+class CPUSafeRotaryEmbedding(RotaryEmbedding):
+    """megatron-core's RoPE without the unconditional move to ``torch.cuda.current_device()``."""
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        if self.inv_freq.device.type == "cpu" and torch.cuda.is_available():
+            self.inv_freq = self.inv_freq.to(device=torch.cuda.current_device())
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        if not self.rotary_interleaved:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        else:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        return emb[:, None, None, :]

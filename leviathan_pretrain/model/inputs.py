@@ -1,0 +1,231 @@
+"""Input representations behind one interface: ``forward(input_ids [b, s], position_ids=None) -> [s, b, D]``.
+
+- :class:`TableInput` (``tied`` / ``untied``): megatron-core's own ``LanguageModelEmbedding``
+  (a ``VocabParallelEmbedding`` over the padded vocabulary) plus the token-id range check.
+- :class:`UniqueIdInput`: the base of every layer whose row is a *function* of the token id (LEV, ALBERT,
+  the MLP ablations). It computes the rows once per unique id of the micro-batch
+  (``torch.unique(return_inverse=True)``), sums this rank's partial rows over the TP group
+  (``reduce_from_tensor_model_parallel_region``; a ``reduce_scatter_to_sequence_parallel_region`` along the
+  sequence under sequence parallelism) and indexes them back to ``[s, b, D]``. ``materialize()`` returns the
+  full ``V x D`` table and ``enable_lookup()`` turns the layer into a plain table lookup (inference).
+- :class:`AlbertInput`, :class:`FlatMLPInput`, :class:`FactoredMLPInput`: the paper's baselines/ablations.
+  The MLPs shard their hidden layer over TP like LEV shards its heads. :class:`~.lev.LEVInput` lives in lev.py.
+
+Token ids outside ``[0, vocab_size)`` raise :class:`TokenIdError` (never a silent wrap-around or the
+zero row a vocab-parallel table would give).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model.tp import (const_init, copy_to_tp, normal_init, reduce_from_tp, reduce_scatter_to_sp,
+                                         replicated_param, scatter_to_sp, sharded_param, tp_size)
+
+
+class TokenIdError(ValueError):
+    """A token id is outside ``[0, model.vocab_size)``."""
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Raise :class:`TokenIdError` naming the offending id unless every id is in ``[0, vocab_size)``."""
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+    if input_ids.numel() == 0:
+        return
+    lo, hi = torch.aminmax(input_ids)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise TokenIdError(f"token id {bad} is outside [0, {vocab_size}) (model.vocab_size={vocab_size}); "
+                           "the data's tokenizer and model.vocab_size disagree")
+
+
+class TableInput(LanguageModelEmbedding):
+    """TIED / UNTIED input: megatron-core's ``LanguageModelEmbedding`` (RoPE, so no position table).
+
+    ``word_embeddings.weight`` is the ``[V_pad / tp, D]`` vocab-parallel table; GPTModel ties its output
+    layer to it when ``share_embeddings_and_output_weights`` is set."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, padded_vocab_size: int, max_sequence_length: int):
+        super().__init__(config=config, vocab_size=padded_vocab_size, max_sequence_length=max_sequence_length,
+                         position_embedding_type="rope")
+        self.token_vocab_size = vocab_size
+
+    def forward(self, input_ids, position_ids=None, tokentype_ids=None):
+        check_token_ids(input_ids, self.token_vocab_size)
+        return super().forward(input_ids, position_ids, tokentype_ids)
+
+
+class UniqueIdInput(MegatronModule):
+    """Rows computed once per unique token id, then indexed. Subclasses implement :meth:`compute_rows`.
+
+    ``partial_over_tp``: True when ``compute_rows`` returns this TP rank's partial sum (sharded heads or
+    hidden units) that must be summed over the TP group; False when it returns full, replicated rows."""
+
+    partial_over_tp = True
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, hidden_size: int):
+        super().__init__(config=config)
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
+        self.register_buffer("lookup_table", None, persistent=False)
+        self.last_unique_ratio = 1.0   # unique ids / tokens of the last micro-batch (for FLOPs accounting)
+
+    def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """``ids [n]`` (unique, in range) -> ``[n, D]`` rows (partial over TP if ``partial_over_tp``)."""
+        raise NotImplementedError
+
+    # -- training / evaluation path --------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        check_token_ids(input_ids, self.vocab_size)
+        if self.lookup_table is not None:
+            x = F.embedding(input_ids.t(), self.lookup_table)
+            return self._finish(x, partial=False, indexed=True)
+        uniq, inverse = torch.unique(input_ids, return_inverse=True)
+        self.last_unique_ratio = uniq.numel() / max(1, input_ids.numel())
+        rows = self.compute_rows(uniq, record=True)
+        return self._finish(rows, partial=self.partial_over_tp, indexed=False, inverse=inverse)
+
+    def _finish(self, x, partial: bool, indexed: bool, inverse=None):
+        sp = self.config.sequence_parallel
+        if not indexed:
+            if partial and not sp:
+                x = reduce_from_tp(x)
+            x = x[inverse.t()]                                    # [s, b, D]
+            if sp:
+                x = (reduce_scatter_to_sp(x) if partial
+                     else scatter_to_sp(x))
+        elif sp:
+            x = scatter_to_sp(x)
+        x = x.float() if self.config.fp32_residual_connection else x.to(self.config.params_dtype)
+        if sp:
+            x = x.clone()
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return self.embedding_dropout(x)
+        return self.embedding_dropout(x)
+
+    # -- inference -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def materialize(self, chunk: int = 8192, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The full ``[vocab_size, D]`` table ``G(0..V-1)`` (summed over TP; every TP rank must call it)."""
+        device = next(self.parameters()).device
+        parts = []
+        for s in range(0, self.vocab_size, chunk):
+            ids = torch.arange(s, min(self.vocab_size, s + chunk), device=device)
+            rows = self.compute_rows(ids)
+            if self.partial_over_tp:
+                rows = reduce_from_tp(rows)
+            parts.append(rows.to(dtype or self.config.params_dtype))
+        return torch.cat(parts)
+
+    def enable_lookup(self, table: torch.Tensor | None = None) -> None:
+        """Serve ``forward`` from a materialised table (no gradient reaches the layer's parameters):
+        inference then costs one lookup, like an untied model."""
+        table = self.materialize() if table is None else table
+        if tuple(table.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"lookup table must be [{self.vocab_size}, {self.hidden_size}], got {tuple(table.shape)}")
+        self.lookup_table = table.detach()
+
+    def disable_lookup(self) -> None:
+        self.lookup_table = None
+
+
+def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype):
+    """LayerNorm(d_in) -> fc1 [hidden, d_in] (LeCun init) -> GELU -> fc2 [d_out, hidden]; hidden sharded."""
+    if hidden % tp_size():
+        raise ValueError(f"model.mlp_hidden: {hidden} is not divisible by parallel.tensor_parallel={tp_size()}")
+    return dict(
+        ln_weight=replicated_param([d_in], const_init(1.0), dtype),
+        ln_bias=replicated_param([d_in], const_init(0.0), dtype),
+        fc1=sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype),
+        fc2=sharded_param([d_out, hidden], 1, normal_init(std), dtype),
+    )
+
+
+def _mlp_partial(mod, x):
+    """This rank's partial MLP output (``x`` replicated across TP)."""
+    x = F.layer_norm(x, (x.shape[-1],), mod.ln_weight.to(x.dtype), mod.ln_bias.to(x.dtype), 1e-5)
+    x = copy_to_tp(x)
+    return F.linear(F.gelu(F.linear(x, mod.fc1.to(x.dtype))), mod.fc2.to(x.dtype))
+
+
+class AlbertInput(UniqueIdInput):
+    """ALBERT: ``E = A[i] @ P`` with ``A`` a vocab-parallel ``V x e`` table and ``P`` a replicated ``e x D``."""
+
+    partial_over_tp = False
+
+    def __init__(self, config, model_cfg, padded_vocab_size: int):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+        self.dim = sizes.albert_dim(model_cfg)
+        self.table = tensor_parallel.VocabParallelEmbedding(
+            num_embeddings=padded_vocab_size, embedding_dim=self.dim, init_method=config.embedding_init_method,
+            config=config)
+        self.proj = replicated_param([model_cfg.hidden_size, self.dim], normal_init(config.init_method_std),
+                                     config.params_dtype)
+
+    def compute_rows(self, ids, record=False):
+        return F.linear(self.table(ids), self.proj)
+
+
+class FlatMLPInput(UniqueIdInput):
+    """Flat MLP ablation: a small vocab-parallel ``V x e`` table, then an MLP ``e -> m -> D`` (hidden sharded)."""
+
+    def __init__(self, config, model_cfg, padded_vocab_size: int):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+        self.dim, self.mlp_hidden = sizes.flat_mlp_dims(model_cfg)
+        self.table = tensor_parallel.VocabParallelEmbedding(
+            num_embeddings=padded_vocab_size, embedding_dim=self.dim, init_method=config.embedding_init_method,
+            config=config)
+        for name, p in _mlp_shards(self.dim, self.mlp_hidden, model_cfg.hidden_size, config.init_method_std,
+                                   config.params_dtype).items():
+            self.register_parameter(name, p)
+
+    def compute_rows(self, ids, record=False):
+        return _mlp_partial(self, self.table(ids).float())
+
+
+class DigitCodebooks(torch.nn.Module):
+    """Spec steps 1-2: base-b digits (most significant first) and ``z(i) = sum_j C[j, i_j]``; replicated."""
+
+    def __init__(self, vocab_size: int, lev_cfg, dtype):
+        super().__init__()
+        self.digits, self.base = lev_cfg.digits, lev_cfg.resolved_base(vocab_size)
+        if self.base ** self.digits < vocab_size:
+            raise ValueError(f"model.lev.base: b**k = {self.base}**{self.digits} < vocab_size {vocab_size}")
+        self.weight = replicated_param([self.digits, self.base, lev_cfg.seed_dim], normal_init(lev_cfg.init_std), dtype)
+        self.weight.lev_codebook = True   # weight-decay grouping (optim.decay_lev_codebooks)
+        place = torch.tensor([self.base ** (self.digits - 1 - j) for j in range(self.digits)], dtype=torch.long)
+        self.register_buffer("place", place, persistent=False)
+        self.register_buffer("offset", torch.arange(self.digits, dtype=torch.long) * self.base, persistent=False)
+
+    def digits_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[n] -> [n, k]`` base-b digits."""
+        return (ids[:, None] // self.place) % self.base
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.digits_of(ids) + self.offset                 # rows of C viewed as [k * b, d]
+        return F.embedding(rows, self.weight.view(-1, self.weight.shape[-1])).sum(1)
+
+
+class FactoredMLPInput(UniqueIdInput):
+    """Factored MLP ablation: LEV's digit codebooks ``z(i)`` then an MLP ``d_seed -> m -> D`` (hidden sharded)."""
+
+    def __init__(self, config, model_cfg):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+        self.mlp_hidden = sizes.factored_mlp_hidden(model_cfg)
+        self.codebooks = DigitCodebooks(model_cfg.vocab_size, model_cfg.lev, config.params_dtype)
+        for name, p in _mlp_shards(model_cfg.lev.seed_dim, self.mlp_hidden, model_cfg.hidden_size,
+                                   config.init_method_std, config.params_dtype).items():
+            self.register_parameter(name, p)
+
+    def compute_rows(self, ids, record=False):
+        return _mlp_partial(self, self.codebooks(ids).float())

@@ -1,0 +1,134 @@
+"""The LEV input layer (shared/notes/lev-spec.md), tensor-parallel over its heads.
+
+For the unique token ids ``i`` of a micro-batch::
+
+    z      = sum_j C[j, digit_j(i)]                                   C: [k, b, d_seed], replicated
+    u_l    = clamp(sigmoid(s * LayerNorm_l(W_l z)), 0, 1)              W_l: [d_seed, d_seed], LN affine
+    phi_l  = sum_q B_q(u_l) S_l[:, q, :]   (quadratic B-spline, kappa uniform knots, 3 non-zeros)
+    M_l    = prod_d phi_l[d, :]            (log space)                 S_l: [d_seed, kappa, r]
+    G(i)   = sum_l M_l @ W_out_l                                       W_out_l: [r, D]
+
+TP: ``z`` is computed on every rank and passed through ``copy_to_tensor_model_parallel_region`` (identity
+forward, all-reduce of its gradient: the replicated codebooks receive the full gradient); each rank runs
+``heads / tp`` heads (``proj``, ``ln_weight``, ``ln_bias``, ``splines``, ``out_proj`` are sharded along
+dim 0 and carry megatron-core's TP attributes) and the partial ``G`` is summed by
+:class:`~.inputs.UniqueIdInput` (``reduce_from_tensor_model_parallel_region``, or a reduce-scatter along the
+sequence with sequence parallelism).
+
+The spline math runs in fp32 whatever the parameter dtype (a product over 128 coordinates in bf16 is
+meaningless); the output is cast to the model's dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+
+from leviathan_pretrain.model.inputs import DigitCodebooks, UniqueIdInput
+from leviathan_pretrain.model.spline import auto_chunk, spline_product
+from leviathan_pretrain.model.tp import const_init, copy_to_tp, normal_init, sharded_param, tp_rank, tp_size
+
+HEALTH_SAMPLE = 256   # unique ids kept from the last forward for lev_health()
+EDGE = 0.01           # a spline coordinate u within EDGE of 0 or 1 counts as saturated
+
+
+class LEVInput(UniqueIdInput):
+    """LEV: ``G(i)`` from digit codebooks, per-head spline products and projections (see module doc).
+
+    Parameters (this rank): ``codebooks.weight [k, b, d_seed]`` (replicated, ``lev_codebook`` attribute),
+    ``proj [h/tp, d_seed, d_seed]``, ``ln_weight``/``ln_bias [h/tp, d_seed]``, ``splines [h/tp, d_seed,
+    kappa, r]``, ``out_proj [h/tp, r, D]``.
+    """
+
+    def __init__(self, config, model_cfg):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+        lev = self.lev = model_cfg.lev
+        tp = tp_size()
+        if lev.heads % tp:
+            raise ValueError(f"model.lev.heads={lev.heads} is not divisible by parallel.tensor_parallel={tp}")
+        h, d, K, r, D = lev.heads, lev.seed_dim, lev.knots, lev.rank, model_cfg.hidden_size
+        self.heads_local = h // tp
+        self.head_offset = tp_rank() * self.heads_local
+        dtype = config.params_dtype
+        out_std = lev.out_init_std if lev.out_init_std is not None else lev.init_std / math.sqrt(h)
+        self.codebooks = DigitCodebooks(model_cfg.vocab_size, lev, dtype)
+        self.base = self.codebooks.base
+        self.proj = sharded_param([h, d, d], 0, normal_init(lev.init_std), dtype)
+        self.ln_weight = sharded_param([h, d], 0, const_init(1.0), dtype)
+        self.ln_bias = sharded_param([h, d], 0, const_init(0.0), dtype)
+        self.splines = sharded_param([h, d, K, r], 0, normal_init(lev.spline_init_std, mean=1.0), dtype)
+        self.out_proj = sharded_param([h, r, D], 0, normal_init(out_std), dtype)
+        for p in (self.ln_weight, self.ln_bias, self.splines):
+            p.no_weight_decay = True   # LN affine; splines start at 1 (decay would pull M = prod phi to 0)
+        self.chunk = lev.token_chunk or auto_chunk(self.heads_local, d, r, lev.chunk_elements)
+        self._health = None
+
+    # -- the function -----------------------------------------------------------------------------
+    def spline_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        """``u [n, h/tp, d_seed]`` in [0, 1] for this rank's heads (spec steps 1-3)."""
+        lev = self.lev
+        z = self.codebooks(ids).float()
+        z = copy_to_tp(z)
+        y = torch.einsum("nd,hed->nhe", z, self.proj.float())
+        y = F.layer_norm(y, (lev.seed_dim,), eps=lev.layernorm_eps)
+        y = y * self.ln_weight.float() + self.ln_bias.float()
+        return torch.sigmoid(lev.sigmoid_scale * y).clamp(0.0, 1.0)
+
+    def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
+        u = self.spline_inputs(ids)
+        M = spline_product(u, self.splines.float(), self.lev.log_eps, self.chunk, self.lev.recompute)
+        if record:
+            with torch.no_grad():
+                edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))
+                self._health = {"m": M[:HEALTH_SAMPLE].detach().clone(), "edge": edge, "n": ids.numel()}
+        out = self.out_proj.float()
+        return M.reshape(M.shape[0], -1) @ out.reshape(-1, out.shape[-1])
+
+    # -- introspection ----------------------------------------------------------------------------
+    def full_parameters(self) -> dict:
+        """Every LEV tensor at its full (all-heads) size: gathers the TP shards (collective on TP > 1)."""
+        out = {"codebooks": self.codebooks.weight.detach()}
+        for name in ("proj", "ln_weight", "ln_bias", "splines", "out_proj"):
+            p = getattr(self, name).detach()
+            if tp_size() > 1:
+                parts = [torch.empty_like(p) for _ in range(tp_size())]
+                dist.all_gather(parts, p.contiguous(), group=ps.get_tensor_model_parallel_group())
+                p = torch.cat(parts, dim=0)
+            out[name] = p
+        return out
+
+
+@torch.no_grad()
+def lev_health(layer, gather: bool = False) -> dict:
+    """LEV health statistics from the layer's last training forward (``{}`` before the first one).
+
+    Keys: ``lev/unique_ids`` (unique ids in the last micro-batch), ``lev/u_edge_frac`` (fraction of spline
+    coordinates u within 0.01 of 0 or 1, all local heads), ``lev/head{l}/out_norm`` (RMS over up to 256 of
+    those ids of ``||M_l @ W_out_l||``, head l's contribution to G) and ``lev/head{l}/u_edge_frac``; ``l`` is
+    the global head index. Without ``gather`` only this TP rank's heads are reported; ``gather=True``
+    all-gathers every head over the TP group (a collective: call it on every TP rank)."""
+    layer = getattr(layer, "embedding", layer)    # accept the GPTModel itself
+    if not isinstance(layer, LEVInput) or layer._health is None:
+        return {}
+    hs = layer._health
+    m, out = hs["m"], layer.out_proj.float()
+    norms = torch.einsum("nhr,hrd->nhd", m, out).norm(dim=-1).pow(2).mean(0).sqrt()   # [h_local]
+    edge = hs["edge"]
+    first = layer.head_offset
+    if gather and tp_size() > 1:
+        group = ps.get_tensor_model_parallel_group()
+        both = torch.stack((norms, edge))
+        parts = [torch.empty_like(both) for _ in range(tp_size())]
+        dist.all_gather(parts, both.contiguous(), group=group)
+        both = torch.cat(parts, dim=1)
+        norms, edge, first = both[0], both[1], 0
+    stats = {"lev/unique_ids": float(hs["n"]), "lev/u_edge_frac": float(edge.mean())}
+    for i in range(norms.numel()):
+        stats[f"lev/head{first + i}/out_norm"] = float(norms[i])
+        stats[f"lev/head{first + i}/u_edge_frac"] = float(edge[i])
+    return stats

@@ -1,0 +1,110 @@
+"""Closed-form sizes of every variant: padded vocabulary, matched ablation widths, parameter counts.
+
+Pure Python (no torch, no megatron import) so ``python -m leviathan_pretrain.params`` is instant; the
+counts are cross-checked against real models in tests/test_params.py.
+
+Conventions:
+- The output head (and the TIED/UNTIED input table) has megatron's padded vocabulary: a multiple of
+  ``make_vocab_size_divisible_by * tensor_parallel`` (Megatron-LM's rule); LEV and the ablations index
+  only the real ids ``[0, vocab_size)``.
+- ``input`` = the input representation; ``head`` = the untied output head (0 for TIED, whose head *is*
+  the input table); ``body`` = transformer layers + final norm.
+"""
+from __future__ import annotations
+
+import math
+
+MATCH_MULTIPLE = 8   # matched MLP widths are rounded to this (TP up to 8 divides them)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int = 1) -> int:
+    multiple = max(1, divisible_by) * max(1, tensor_parallel)
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def lev_input_params(vocab_size: int, hidden: int, lev) -> int:
+    """Spec: ``k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*D)``."""
+    b = lev.resolved_base(vocab_size)
+    d = lev.seed_dim
+    return lev.digits * b * d + lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * hidden)
+
+
+def _round_multiple(x: float, m: int = MATCH_MULTIPLE) -> int:
+    return max(m, int(round(x / m)) * m)
+
+
+def albert_dim(model) -> int:
+    """ALBERT's ``e`` with ``V*e + e*D`` ~= LEV's input parameter count (unless ``model.albert_dim`` is set)."""
+    if model.albert_dim is not None:
+        return model.albert_dim
+    budget = lev_input_params(model.vocab_size, model.hidden_size, model.lev)
+    return max(1, int(round(budget / (model.vocab_size + model.hidden_size))))
+
+
+def factored_mlp_hidden(model) -> int:
+    """Factored MLP: digit codebooks ``k*b*d_seed`` + LayerNorm + MLP ``d_seed -> m -> D``; ``m`` matches
+    LEV's parameter count (unless ``model.mlp_hidden`` is set)."""
+    if model.mlp_hidden is not None:
+        return model.mlp_hidden
+    lev = model.lev
+    d = lev.seed_dim
+    budget = lev_input_params(model.vocab_size, model.hidden_size, lev)
+    codebooks = lev.digits * lev.resolved_base(model.vocab_size) * d
+    return _round_multiple((budget - codebooks - 2 * d) / (d + model.hidden_size))
+
+
+def flat_mlp_dims(model) -> tuple[int, int]:
+    """Flat MLP: table ``V x e`` + LayerNorm + MLP ``e -> m -> D``. Default: about half of LEV's budget to
+    the table, the rest to the MLP (``model.flat_mlp_dim`` / ``model.mlp_hidden`` override)."""
+    budget = lev_input_params(model.vocab_size, model.hidden_size, model.lev)
+    e = model.flat_mlp_dim if model.flat_mlp_dim is not None else max(1, budget // 2 // model.vocab_size)
+    if model.mlp_hidden is not None:
+        return e, model.mlp_hidden
+    rest = max(0, budget - model.vocab_size * e - 2 * e)
+    return e, _round_multiple(rest / (e + model.hidden_size))
+
+
+def input_params(model, tensor_parallel: int = 1) -> int:
+    """Parameters of the input representation (the whole model, not one TP rank's share). Tables count
+    their padded rows (what is allocated); matched widths are computed from the real vocabulary."""
+    V, D, v = model.vocab_size, model.hidden_size, model.variant
+    V_pad = padded_vocab_size(V, model.make_vocab_size_divisible_by, tensor_parallel)
+    if v in ("tied", "untied"):
+        return V_pad * D
+    if v == "lev":
+        return lev_input_params(V, D, model.lev)
+    if v == "albert":
+        e = albert_dim(model)
+        return V_pad * e + e * D
+    if v == "flat_mlp":
+        e, m = flat_mlp_dims(model)
+        return V_pad * e + 2 * e + e * m + m * D
+    if v == "factored_mlp":
+        lev = model.lev
+        m = factored_mlp_hidden(model)
+        return lev.digits * lev.resolved_base(V) * lev.seed_dim + 2 * lev.seed_dim + lev.seed_dim * m + m * D
+    raise ValueError(f"model.variant: unknown variant {v!r}")
+
+
+def body_params(model) -> int:
+    """Transformer layers (RMSNorm, QKV, proj, SwiGLU; no biases) + the final norm."""
+    D = model.hidden_size
+    heads = model.num_attention_heads
+    kv = (model.num_query_groups or heads) * (D // heads)
+    F = model.resolved_ffn_hidden_size()
+    per_layer = D + D * (D + 2 * kv) + D * D + D + 3 * D * F
+    return model.num_layers * per_layer + D
+
+
+def head_params(model, tensor_parallel: int = 1) -> int:
+    if model.variant == "tied":
+        return 0
+    return padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel) * model.hidden_size
+
+
+def param_breakdown(model, tensor_parallel: int = 1) -> dict:
+    """``{"input", "body", "head", "total"}`` for the whole model (summed over TP ranks)."""
+    out = {"input": input_params(model, tensor_parallel), "body": body_params(model),
+           "head": head_params(model, tensor_parallel)}
+    out["total"] = out["input"] + out["body"] + out["head"]
+    return out

@@ -1,0 +1,51 @@
+"""Parameter breakdown of a config without building the model.
+
+    python -m leviathan_pretrain.params --config configs/1.2b-lev.yaml [key=value ...] [--json]
+
+Prints ``input`` (the input representation), ``body`` (transformer layers + final norm), ``head`` (the
+untied output head; 0 for TIED, whose head is the input table) and ``total``, for the whole model (all TP
+ranks together; tables padded as megatron pads them for ``parallel.tensor_parallel``). ``--json`` prints one
+object with exactly those four keys. The closed form lives in ``leviathan_pretrain.model.sizes`` and is
+checked against real (and meta-device) megatron-core models in tests/test_params.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.model import sizes
+
+
+def breakdown(cfg) -> dict:
+    return sizes.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
+
+
+def format_breakdown(cfg, counts: dict) -> str:
+    m = cfg.model
+    lines = [f"variant={m.variant} vocab_size={m.vocab_size} hidden={m.hidden_size} layers={m.num_layers} "
+             f"tensor_parallel={cfg.parallel.tensor_parallel}"]
+    for key in ("input", "body", "head", "total"):
+        lines.append(f"  {key:<6} {counts[key]:>15,d}  ({counts[key] / 1e6:,.2f} M)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.params", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", help="YAML config (may name a base: file)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object {input, body, head, total}")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model.vocab_size=200019")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    counts = breakdown(cfg)
+    print(json.dumps(counts) if args.json else format_breakdown(cfg, counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

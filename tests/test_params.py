@@ -1,0 +1,91 @@
+"""Configs and parameter counts: the 24 config files, the params CLI, the paper's ratios at V = 200k."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leviathan_pretrain.config import VARIANTS, load_config
+from leviathan_pretrain.model import sizes
+from leviathan_pretrain.params import main as params_main
+from tests.multiproc import REPO, base_env
+
+SCALES = ("200m", "400m", "1.2b", "tiny-cpu")
+V200K = "model.vocab_size=200019"
+
+
+def counts(path, *over):
+    return sizes.param_breakdown(load_config(REPO / path, list(over)).model)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_config_exists_loads_and_names_its_variant(scale, variant):
+    cfg = load_config(REPO / f"configs/{scale}-{variant}.yaml")
+    assert cfg.model.variant == variant
+    assert cfg.train.out_dir == f"runs/{scale}-{variant}"
+
+
+def test_lev_within_0_3_percent_of_tied_at_1_2b():
+    tied = counts("configs/1.2b-tied.yaml", V200K)["total"]
+    lev = counts("configs/1.2b-lev.yaml", V200K)["total"]
+    assert 1.1e9 < tied < 1.3e9
+    assert 0 < (lev - tied) / tied < 0.003
+
+
+def test_untied_is_about_plus_50_percent_at_400m():
+    tied = counts("configs/400m-tied.yaml", V200K)["total"]
+    untied = counts("configs/400m-untied.yaml", V200K)["total"]
+    assert 0.38e9 < tied < 0.42e9
+    assert abs(untied - 611e6) / 611e6 < 0.02                   # the paper's 611M
+    assert 1.45 < untied / tied < 1.55
+
+
+@pytest.mark.parametrize("scale", ["200m", "400m", "1.2b"])
+def test_ablations_are_parameter_matched_to_lev(scale):
+    lev = counts(f"configs/{scale}-lev.yaml", V200K)["input"]
+    for v in ("flat_mlp", "factored_mlp"):
+        other = counts(f"configs/{scale}-{v}.yaml", V200K)["input"]
+        assert abs(other - lev) / lev < 0.01, (v, other, lev)
+    # ALBERT's e is an integer and one unit of e is V + D = 201k parameters (~10% of LEV's input):
+    # it must be the nearest integer to the exact match.
+    m = load_config(REPO / f"configs/{scale}-albert.yaml", [V200K]).model
+    assert abs(sizes.albert_dim(m) - lev / (m.vocab_size + m.hidden_size)) <= 0.5
+
+
+def test_params_cli_json_has_exactly_the_four_keys(capsys):
+    assert params_main(["--config", str(REPO / "configs/1.2b-lev.yaml"), "--json", V200K]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"input", "body", "head", "total"}
+    assert out["total"] == out["input"] + out["body"] + out["head"]
+
+
+def test_params_cli_as_a_module_with_overrides():
+    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/400m-tied.yaml",
+                           "model.vocab_size=50257"], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "head" in proc.stdout and "vocab_size=50257" in proc.stdout
+
+
+def test_params_cli_does_not_import_torch_or_megatron():
+    code = ("import sys; from leviathan_pretrain.params import main; main(['--config', 'configs/1.2b-lev.yaml', "
+            "'--json']); assert 'torch' not in sys.modules and 'megatron' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_params_cli_reports_config_errors():
+    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/1.2b-lev.yaml",
+                           "model.lev.knots=2"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "model.lev.knots" in proc.stderr
+
+
+def test_readme_table_matches_the_configs():
+    text = (REPO / "configs/README.md").read_text()
+    for scale in ("200m", "400m", "1.2b", "tiny-cpu"):
+        cfg = load_config(REPO / f"configs/{scale}-tied.yaml")
+        m = cfg.model
+        assert f"| `{scale}` | {m.hidden_size} | {m.num_layers} | {m.num_attention_heads} |" in text, scale
