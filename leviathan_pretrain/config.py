@@ -132,38 +132,56 @@ def tokenizer_vocab_size(path: str) -> int:
         raise ConfigError(f"data.tokenizer: {path} is not a SentencePiece model ({e})") from None
 
 
-
 @dataclass
 class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    pipeline_engine: bool = False          # use DeepSpeed's pipeline engine even at pipeline_parallel=1
     sequence_parallel: bool = False        # GPU only
     zero_stage: int = 1
     backend: str = "auto"                  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
     precision: str = "fp32"                # fp32 | bf16 | fp16
     device: str = "auto"                   # auto | cpu | cuda
+    timeout_minutes: float = 10.0          # collective timeout (a hung rank fails the job after this)
 
     def validate(self, prefix: str) -> None:
         require(self.tensor_parallel >= 1, f"{prefix}.tensor_parallel", "must be >= 1")
         require(self.pipeline_parallel >= 1, f"{prefix}.pipeline_parallel", "must be >= 1")
         require(self.zero_stage in (0, 1, 2, 3), f"{prefix}.zero_stage", f"must be 0-3, got {self.zero_stage}")
-        require(not (self.pipeline_parallel > 1 and self.zero_stage > 1), f"{prefix}.zero_stage",
+        require(not ((self.pipeline_parallel > 1 or self.pipeline_engine) and self.zero_stage > 1),
+                f"{prefix}.zero_stage",
                 f"DeepSpeed's pipeline engine supports ZeRO stage <= 1; got zero_stage={self.zero_stage} "
                 f"with pipeline_parallel={self.pipeline_parallel}")
         require(self.backend in ("auto", "nccl", "gloo"), f"{prefix}.backend", f"unknown {self.backend!r}")
         require(self.precision in ("fp32", "bf16", "fp16"), f"{prefix}.precision", f"unknown {self.precision!r}")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", f"unknown {self.device!r}")
+        require(self.timeout_minutes > 0, f"{prefix}.timeout_minutes", "must be > 0")
+
+    @property
+    def uses_pipeline_engine(self) -> bool:
+        return self.pipeline_parallel > 1 or self.pipeline_engine
+
+
+def split_weights(split: str) -> list[float]:
+    """``"969,30,1"`` (or ``969/30/1``) -> ``[969.0, 30.0, 1.0]``; raises ValueError when malformed."""
+    nums = [float(p) for p in split.replace("/", ",").split(",")]
+    if len(nums) != 3 or any(n < 0 for n in nums) or sum(nums) <= 0:
+        raise ValueError(split)
+    return nums
 
 
 @dataclass
 class DataConfig:
+    """Training data: megatron-core ``.bin/.idx`` shard prefixes, blended by weight, split by document."""
     prefixes: list[str] = field(default_factory=list)  # megatron-core .bin/.idx prefixes
-    weights: list[float] | None = None                  # blend weights, one per prefix
-    split: str = "969,30,1"                              # train,valid,test document split
-    valid_prefixes: list[str] | None = None              # a separate held-out set instead of split
-    tokenizer: str | None = None                         # tokenizer.model (checksum, vocab check)
-    cache_dir: str | None = None                         # megatron-core index cache
-    seed: int = 1234
+    weights: list[float] | None = None                  # blend weights, one per prefix (None: by size)
+    split: str = "969,30,1"                              # train,valid,test document split of every prefix
+    valid_prefixes: list[str] | None = None              # a separate held-out set (then split's valid part is unused)
+    tokenizer: str | None = None                         # tokenizer.model (checksum in checkpoints, vocab check)
+    cache_dir: str | None = None                         # megatron-core index cache; None -> <train.out_dir>/data_cache
+    seed: int = 1234                                     # shuffling seed of the sample order
+    eod_id: int | None = None                            # end-of-document id; None -> from the manifest, else 0
+    eod_mask_loss: bool = False                          # no loss on predicting the token after an EOD
 
     def validate(self, prefix: str) -> None:
         if self.weights is not None:
@@ -171,56 +189,83 @@ class DataConfig:
                     f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
             require(all(w >= 0 for w in self.weights) and sum(self.weights) > 0, f"{prefix}.weights",
                     "must be non-negative with a positive sum")
-        parts = self.split.replace("/", ",").split(",")
         try:
-            nums = [float(p) for p in parts]
+            split_weights(self.split)
         except ValueError:
-            raise ConfigError(f"{prefix}.split: expected numbers like 969,30,1, got {self.split!r}") from None
-        require(len(nums) == 3 and all(n >= 0 for n in nums) and sum(nums) > 0, f"{prefix}.split",
-                f"expected three non-negative numbers like 969,30,1, got {self.split!r}")
+            raise ConfigError(f"{prefix}.split: expected three non-negative numbers like 969,30,1, "
+                              f"got {self.split!r}") from None
 
 
 @dataclass
 class OptimConfig:
+    """AdamW, linear warmup then cosine (or linear/constant) decay to ``min_lr``, gradient clipping."""
     lr: float = 3e-4
     min_lr: float = 3e-5
     warmup_steps: int = 100
-    decay_steps: int | None = None         # None -> train.steps
+    decay_steps: int | None = None         # steps of warmup + decay; None -> train.steps
+    decay_style: str = "cosine"            # cosine | linear | constant
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    weight_decay: float = 0.1
-    decay_lev_codebooks: bool = False      # weight decay on LEV codebooks C
-    clip_grad: float = 1.0
+    weight_decay: float = 0.1              # never on norms and biases
+    decay_lev_codebooks: bool = False      # weight decay on LEV's digit codebooks C
+    clip_grad: float = 1.0                 # global gradient-norm clip; 0 disables
+    loss_scale: float = 0.0                # fp16 only: 0 = dynamic loss scaling, else a static scale
+    initial_loss_scale_power: int = 16     # fp16 dynamic scaling starts at 2**this
 
     def validate(self, prefix: str) -> None:
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(0 <= self.min_lr <= self.lr, f"{prefix}.min_lr", "must be in [0, lr]")
         require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
+        require(self.decay_steps is None or self.decay_steps >= 1, f"{prefix}.decay_steps", "must be >= 1")
+        require(self.decay_style in ("cosine", "linear", "constant"), f"{prefix}.decay_style",
+                f"must be cosine, linear or constant, got {self.decay_style!r}")
+        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{prefix}.beta1",
+                "beta1 and beta2 must be in [0, 1)")
+        require(self.eps > 0, f"{prefix}.eps", "must be > 0")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0")
+        require(self.clip_grad >= 0, f"{prefix}.clip_grad", "must be >= 0 (0 disables clipping)")
+        require(self.loss_scale >= 0, f"{prefix}.loss_scale", "must be >= 0 (0 = dynamic)")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    micro_batch_size: int = 4
-    global_batch_size: int = 8
+    steps: int = 1000                      # optimizer steps of the whole run (the LR schedule's length)
+    micro_batch_size: int = 4              # sequences per rank per forward/backward
+    global_batch_size: int = 8             # sequences per optimizer step; accumulation = global / (micro x DP)
     seed: int = 1234
-    eval_interval: int = 200
-    eval_iters: int = 10
+    eval_interval: int = 200               # validation every N steps (and at the end); 0 disables
+    eval_iters: int = 10                   # global batches of the held-out split per validation
     max_bad_steps: int = 5                 # consecutive NaN/Inf steps before stopping
-    out_dir: str = "runs/default"          # checkpoints/ and tensorboard/ below this
+    out_dir: str = "runs/default"          # checkpoints/, tensorboard/, train_log.jsonl below this
+    exit_at_step: int | None = None        # stop after this step with a checkpoint (exit 75); resume continues
+    exit_after_minutes: float | None = None  # same, once this much wall time has passed (job time limits)
+    # TEST-ONLY fault injection (never set these in a real run): the loss of these steps is made NaN
+    # (on rank inject_nan_rank only, or on every rank when None), exercising the non-finite-step path.
+    inject_nan_steps: list[int] = field(default_factory=list)
+    inject_nan_rank: int | None = None
 
     def validate(self, prefix: str) -> None:
         for name in ("steps", "micro_batch_size", "global_batch_size", "eval_iters", "max_bad_steps"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
+        require(self.eval_interval >= 0, f"{prefix}.eval_interval", "must be >= 0 (0 disables validation)")
+        require(self.global_batch_size % self.micro_batch_size == 0, f"{prefix}.global_batch_size",
+                f"{self.global_batch_size} is not a multiple of train.micro_batch_size={self.micro_batch_size}")
+        require(self.exit_at_step is None or self.exit_at_step >= 1, f"{prefix}.exit_at_step", "must be >= 1")
+        require(self.exit_after_minutes is None or self.exit_after_minutes > 0, f"{prefix}.exit_after_minutes",
+                "must be > 0")
+        require(bool(self.out_dir), f"{prefix}.out_dir", "must not be empty")
 
 
 @dataclass
 class CheckpointConfig:
-    save_interval: int = 500
-    keep_last: int = 3
-    resume: bool = True
+    save_interval: int = 500               # a DeepSpeed checkpoint every N steps, and always at the end
+    keep_last: int = 3                     # complete checkpoints kept (older ones are deleted)
+    resume: bool = True                    # continue from <dir>/latest when it exists
+    dir: str | None = None                 # None -> <train.out_dir>/checkpoints
+    # TEST-ONLY fault injection: rank 0 SIGKILLs itself half-way through writing this step's checkpoint.
+    inject_kill_in_save_step: int | None = None
 
     def validate(self, prefix: str) -> None:
         require(self.save_interval >= 1, f"{prefix}.save_interval", "must be >= 1")
@@ -229,12 +274,14 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    log_interval: int = 10
+    log_interval: int = 10                 # console line + full TensorBoard scalars every N steps
     tensorboard: bool = True
-    peak_flops: float = 989e12             # per device, for MFU (H100/H200 dense bf16)
+    tensorboard_dir: str | None = None     # None -> <train.out_dir>/tensorboard
+    peak_flops: float = 989e12             # per device, for MFU (H100/H200 dense bf16); CPU runs: set your own
 
     def validate(self, prefix: str) -> None:
         require(self.log_interval >= 1, f"{prefix}.log_interval", "must be >= 1")
+        require(self.peak_flops > 0, f"{prefix}.peak_flops", "must be > 0")
 
 
 @dataclass

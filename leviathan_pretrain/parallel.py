@@ -98,7 +98,8 @@ def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
 
 
 def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
-    """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent."""
+    """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent (a call with another
+    TP/PP layout rebuilds megatron-core's groups)."""
     for k, v in discover_rank_env().items():
         os.environ.setdefault(k, v)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -115,6 +116,10 @@ def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
                                 timeout=timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
     from megatron.core import parallel_state as ps
+    if ps.model_parallel_is_initialized() and (
+            ps.get_tensor_model_parallel_world_size() != pcfg.tensor_parallel
+            or ps.get_pipeline_model_parallel_world_size() != pcfg.pipeline_parallel):
+        ps.destroy_model_parallel()      # a new layout in the same process (e.g. several runs per test launch)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=pcfg.tensor_parallel,
                                      pipeline_model_parallel_size=pcfg.pipeline_parallel,

@@ -1,0 +1,82 @@
+"""Train a Leviathan (or baseline) GPT: ``python -m leviathan_pretrain.train --config FILE [key=value ...]``.
+
+Run it under any launcher that sets the usual rank variables (``torchrun``, ``deepspeed``, ``srun``,
+``mpirun``, ``launchers/local.py``) or as one plain process. Re-running the same command continues from
+``<checkpoint.dir>/latest``. Exit codes: 0 done, 2 bad config/data, 3 diverged (too many non-finite
+steps), 75 stopped early with a checkpoint (signal, ``train.exit_at_step``, ``train.exit_after_minutes``):
+re-run to continue. See the README section "Training".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EPILOG = """examples:
+  python -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml
+  python launchers/local.py -n 2 -- -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml \\
+      parallel.tensor_parallel=2 train.steps=200
+  torchrun --nproc_per_node 8 -m leviathan_pretrain.train --config configs/400m-lev.yaml \\
+      parallel.zero_stage=2 data.prefixes=[/data/pile_train_text_document]
+
+exit codes: 0 finished; 2 bad config or data; 3 diverged (train.max_bad_steps consecutive NaN/Inf steps);
+            75 stopped early with a checkpoint (SIGTERM/SIGUSR1, train.exit_at_step, train.exit_after_minutes):
+               run the same command again to continue"""
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.train", description=__doc__.split("\n")[0],
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="YAML config (may name a 'base:' file it extends)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
+    from leviathan_pretrain.config import ConfigError, load_config
+    from leviathan_pretrain.trainer.checkpoint import CheckpointError
+    from leviathan_pretrain.trainer.data import ShardError
+    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    from leviathan_pretrain.model.inputs import TokenIdError
+    from leviathan_pretrain.parallel import destroy_distributed
+    from leviathan_pretrain.trainer.loop import run
+    code = None
+    try:
+        code = run(cfg)
+    except (ConfigError, ShardError, CheckpointError, TokenIdError) as e:
+        _error(e)
+        code = EXIT_CONFIG
+    except Diverged as e:
+        _error(e)
+        code = EXIT_DIVERGED
+    finally:
+        if code is not None:       # a clean stop: tear down; on an unexpected error let it propagate
+            destroy_distributed()
+    return code
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _error(e: Exception) -> None:
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if rank == 0 or world <= 8:
+        prefix = f"[rank {rank}] " if world > 1 else ""
+        print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

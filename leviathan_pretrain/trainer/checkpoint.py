@@ -1,0 +1,258 @@
+"""Checkpoints: DeepSpeed's own files plus what a run needs to continue exactly, committed atomically.
+
+Layout of ``checkpoint.dir`` (default ``<train.out_dir>/checkpoints``)::
+
+    latest                      the tag of the newest *complete* checkpoint (replaced atomically)
+    global_step30/              one checkpoint (DeepSpeed's model/optimizer/ZeRO files for every rank)
+        rng_rank00000.pt        this rank's RNG states (python, numpy, torch CPU and CUDA)
+        leviathan.json          step, consumed samples, config, tokenizer sha256, layout; written last
+
+Saving (collective): rank 0 removes a leftover directory of the same tag, every rank writes its DeepSpeed
+files and RNG state, then rank 0 fsyncs the directory, writes ``leviathan.json`` and only then points
+``latest`` at the new tag (write-to-temp, fsync, rename) and deletes all but the newest ``keep_last``
+complete checkpoints. A crash at any point leaves ``latest`` naming the previous complete checkpoint; an
+incomplete directory (no ``leviathan.json``) is removed at the next start.
+
+Loading uses ``torch.load(weights_only=True)`` for every file, DeepSpeed's included (its checkpoint
+engine is replaced by :class:`SafeCheckpointEngine`); only the few DeepSpeed classes its optimizer
+states contain are allow-listed. Anything else in a file fails with an error naming it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+TAG_PREFIX = "global_step"
+META = "leviathan.json"
+LATEST = "latest"
+# Classes DeepSpeed pickles into its optimizer states (checked with torch.load(weights_only=True)).
+SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                "deepspeed.runtime.zero.config.ZeroStageEnum",
+                "deepspeed.utils.tensor_fragment.fragment_address")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is unusable (incomplete, unsafe to load, or from an incompatible run); names it."""
+
+
+def _safe_globals() -> list:
+    import importlib
+    out = []
+    for name in SAFE_GLOBALS:
+        mod, _, attr = name.rpartition(".")
+        try:
+            out.append(getattr(importlib.import_module(mod), attr))
+        except (ImportError, AttributeError):
+            pass
+    return out
+
+
+def safe_load(path, map_location="cpu"):
+    """``torch.load(weights_only=True)`` with DeepSpeed's allow-listed classes; never arbitrary unpickling."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{path}: refused by weights_only loading ({first[-1] if first else e}); "
+                              "this file holds objects other than tensors and plain containers") from None
+
+
+class SafeCheckpointEngine(TorchCheckpointEngine):
+    """DeepSpeed's torch checkpoint engine with weights-only loading and a test-only crash switch."""
+
+    kill_during_save = False   # TEST-ONLY (checkpoint.inject_kill_in_save_step): die half-way through a file
+
+    def load(self, path: str, map_location=None):
+        return safe_load(path, map_location)
+
+    def save(self, state_dict, path: str):
+        if self.kill_during_save:
+            buf = io.BytesIO()
+            torch.save(state_dict, buf)
+            data = buf.getvalue()
+            with open(path, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().save(state_dict, path)
+
+
+def install_safe_engine(ds_engine) -> SafeCheckpointEngine:
+    eng = SafeCheckpointEngine(ds_engine._config)
+    ds_engine.checkpoint_engine = eng
+    return eng
+
+
+def file_sha256(path: str | None) -> str | None:
+    if not path:
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- RNG state (weights_only-loadable: tensors and plain numbers only) ----
+
+def rng_state() -> dict:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    out = {"python_version": py[0], "python_state": torch.tensor(py[1], dtype=torch.int64),
+           "python_gauss": py[2] if py[2] is not None else float("nan"),
+           "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
+           "numpy_has_gauss": int(np_state[3]), "numpy_gauss": float(np_state[4]),
+           "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+        try:
+            from megatron.core import tensor_parallel
+            tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
+            out["cuda_tracker"] = {k: v for k, v in tracker.items()}
+        except Exception:   # no tracker states (CPU-initialised run)
+            pass
+    return out
+
+
+def set_rng_state(s: dict) -> None:
+    gauss = s["python_gauss"]
+    random.setstate((int(s["python_version"]), tuple(int(x) for x in s["python_state"].tolist()),
+                     None if gauss != gauss else gauss))
+    np.random.set_state(("MT19937", s["numpy_keys"].numpy().astype(np.uint32), int(s["numpy_pos"]),
+                         int(s["numpy_has_gauss"]), float(s["numpy_gauss"])))
+    torch.set_rng_state(s["torch"])
+    if torch.cuda.is_available() and "cuda" in s:
+        torch.cuda.set_rng_state(s["cuda"])
+        if s.get("cuda_tracker"):
+            from megatron.core import tensor_parallel
+            tensor_parallel.get_cuda_rng_tracker().set_states(s["cuda_tracker"])
+
+
+# ---- directory bookkeeping ----
+
+def tag_for(step: int) -> str:
+    return f"{TAG_PREFIX}{step}"
+
+
+def step_of(tag: str) -> int | None:
+    rest = tag[len(TAG_PREFIX):] if tag.startswith(TAG_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+def read_latest(ckpt_dir: Path) -> str | None:
+    p = Path(ckpt_dir) / LATEST
+    if not p.is_file():
+        return None
+    tag = p.read_text().strip()
+    if not tag:
+        return None
+    if not (Path(ckpt_dir) / tag / META).is_file():
+        raise CheckpointError(f"{p} names {tag!r}, which is not a complete checkpoint (no {tag}/{META})")
+    return tag
+
+
+def complete_tags(ckpt_dir: Path) -> list[str]:
+    tags = [d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and (d / META).is_file()]
+    return sorted((t for t in tags if step_of(t) is not None), key=step_of)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+
+
+def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
+    """Delete checkpoint directories without ``leviathan.json`` (crashed saves); rank 0 only."""
+    removed = []
+    for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*"):
+        if d.is_dir() and not (d / META).is_file() and d.name != keep:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    for tmp in Path(ckpt_dir).glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+    return removed
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> list[str]:
+    """Delete all but the newest ``keep_last`` complete checkpoints (never the one ``latest`` names)."""
+    latest = read_latest(ckpt_dir)
+    tags = complete_tags(ckpt_dir)
+    doomed = [t for t in tags[:-keep_last] if t != latest] if keep_last < len(tags) else []
+    for t in doomed:
+        # Remove the completion marker first: a crash mid-delete leaves an "incomplete" directory.
+        (Path(ckpt_dir) / t / META).unlink(missing_ok=True)
+        shutil.rmtree(Path(ckpt_dir) / t, ignore_errors=True)
+    return doomed
+
+
+def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, client_state: dict,
+         kill_during_save: bool = False) -> str:
+    """Collective: write checkpoint ``global_step<step>`` and commit it (see the module docstring)."""
+    ckpt_dir = Path(ckpt_dir)
+    tag = tag_for(step)
+    rank = dist.get_rank()
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if (ckpt_dir / tag).exists():
+            shutil.rmtree(ckpt_dir / tag)
+    dist.barrier()
+    engine = ds_engine.checkpoint_engine
+    if isinstance(engine, SafeCheckpointEngine):
+        engine.kill_during_save = kill_during_save and rank == 0
+    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    rng_path = ckpt_dir / tag / f"rng_rank{rank:05d}.pt"
+    torch.save(rng_state(), rng_path)
+    dist.barrier()
+    if rank == 0:
+        for f in sorted((ckpt_dir / tag).rglob("*")):
+            if f.is_file():
+                _fsync_path(f)
+        _fsync_path(ckpt_dir / tag)
+        _atomic_write(ckpt_dir / tag / META, json.dumps({**meta, "tag": tag, "step": step}, indent=1))
+        _atomic_write(ckpt_dir / LATEST, tag)
+        prune(ckpt_dir, keep_last)
+    dist.barrier()
+    return tag
+
+
+def load(ds_engine, ckpt_dir: Path, tag: str) -> tuple[dict, dict]:
+    """Collective: load checkpoint ``tag`` into the engine; returns (leviathan.json, DeepSpeed client state)."""
+    ckpt_dir = Path(ckpt_dir)
+    meta = json.loads((ckpt_dir / tag / META).read_text())
+    path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=True,
+                                             load_lr_scheduler_states=False)
+    if path is None:
+        raise CheckpointError(f"{ckpt_dir / tag}: DeepSpeed could not load this checkpoint")
+    rng_path = ckpt_dir / tag / f"rng_rank{dist.get_rank():05d}.pt"
+    if rng_path.is_file():
+        set_rng_state(safe_load(rng_path))
+    return meta, client or {}

@@ -1,0 +1,232 @@
+"""Training data: megatron-core ``GPTDataset`` blends over ``.bin/.idx`` shards, checked before training.
+
+- :func:`inspect_shard` reads a shard's ``.idx`` header and sizes (never the token data) and its vocabulary
+  from ``PREFIX.counts.npy`` / ``PREFIX.manifest.json`` (written by ``data_prep``); a shard without them
+  is scanned once for its largest token id, in 64 MiB slices of the memory map.
+- :func:`check_data` fails before training, with a :class:`ShardError` naming the shard, for a missing,
+  empty or truncated shard, a vocabulary that does not fit ``model.vocab_size``, or a train/valid split
+  that leaves a requested split without tokens (megatron-core would loop forever on it).
+- :func:`build_datasets` builds the train and validation splits with ``BlendedMegatronDatasetBuilder``
+  (weights per prefix, seeded shuffling, index cache in ``data.cache_dir``; rank 0 builds the cache first).
+- :class:`Batches` turns "samples consumed so far" into this rank's micro-batches. Sample ``i`` of the run is
+  always ``train_ds[i]``: a global batch is ``[consumed, consumed + global_batch)``, micro-batch ``k`` of
+  data-parallel rank ``r`` is its slice ``k * micro * dp + r * micro``. Every rank that needs data (all
+  tensor-parallel ranks of the first and last pipeline stages) reads the same samples from the same memory
+  map, so no broadcast is needed and a resumed run sees exactly the samples an uninterrupted run would.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from leviathan_pretrain.config import Config, ConfigError, split_weights
+
+DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+               8: np.uint16}
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+SCAN_BYTES = 64 << 20
+
+
+class ShardError(ValueError):
+    """A data shard is missing, empty, malformed or does not fit the model; the message names it."""
+
+
+@dataclass
+class ShardInfo:
+    prefix: str
+    num_sequences: int
+    num_documents: int
+    num_tokens: int
+    dtype: type
+    vocab_size: int | None            # tokenizer vocabulary the shard was written with, when recorded
+    max_token_id: int | None          # largest token id present, when known
+    sequence_lengths: np.ndarray      # memory-mapped int32 [num_sequences]
+    manifest: dict
+
+
+def _read_index(prefix: str) -> tuple[type, np.ndarray, np.ndarray, int]:
+    idx = Path(prefix + ".idx")
+    with open(idx, "rb") as f:
+        head = f.read(9 + 8 + 1 + 8 + 8)
+    if len(head) < 34 or head[:9] != INDEX_HEADER:
+        raise ShardError(f"{idx}: not a megatron-core MMIDIDX index (bad header)")
+    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:])
+    if version != 1 or code not in DTYPE_CODES:
+        raise ShardError(f"{idx}: unsupported index version {version} or dtype code {code}")
+    need = 34 + n_seq * 4 + n_seq * 8 + n_doc * 8
+    if idx.stat().st_size < need:
+        raise ShardError(f"{idx}: truncated index ({idx.stat().st_size} bytes, header promises {need})")
+    mm = np.memmap(idx, mode="r", dtype=np.uint8)
+    lengths = np.frombuffer(mm, dtype=np.int32, count=n_seq, offset=34)
+    pointers = np.frombuffer(mm, dtype=np.int64, count=n_seq, offset=34 + n_seq * 4)
+    return DTYPE_CODES[code], lengths, pointers, max(0, n_doc - 1)
+
+
+def _scan_max_id(bin_path: Path, dtype) -> int:
+    """Largest token id in a shard, reading the memory map in slices (never the whole file at once)."""
+    data = np.memmap(bin_path, mode="r", dtype=dtype)
+    step = max(1, SCAN_BYTES // np.dtype(dtype).itemsize)
+    return int(max(int(data[i:i + step].max()) for i in range(0, len(data), step)))
+
+
+def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
+    """Sizes, dtype and vocabulary of one shard; raises :class:`ShardError` naming what is wrong."""
+    for ext in (".idx", ".bin"):
+        if not Path(prefix + ext).is_file():
+            raise ShardError(f"data shard {prefix}: {prefix + ext} does not exist")
+    dtype, lengths, pointers, n_doc = _read_index(prefix)
+    n_tok = int(lengths.sum(dtype=np.int64))
+    if len(lengths) == 0 or n_tok == 0:
+        raise ShardError(f"data shard {prefix}: empty (0 sequences or 0 tokens)")
+    bin_path = Path(prefix + ".bin")
+    need = int(pointers[-1]) + int(lengths[-1]) * np.dtype(dtype).itemsize
+    if bin_path.stat().st_size < need:
+        raise ShardError(f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, "
+                         f"the index needs {need})")
+    manifest = {}
+    mpath = Path(prefix + ".manifest.json")
+    if mpath.is_file():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except ValueError as e:
+            raise ShardError(f"data shard {prefix}: {mpath} is not valid JSON ({e})") from None
+    vocab, max_id = manifest.get("vocab_size"), None
+    cpath = Path(prefix + ".counts.npy")
+    if cpath.is_file():
+        counts = np.load(cpath, mmap_mode="r", allow_pickle=False)
+        vocab = int(counts.shape[0])
+        nz = np.flatnonzero(counts)
+        max_id = int(nz[-1]) if len(nz) else None
+    elif scan_if_unknown:
+        max_id = _scan_max_id(bin_path, dtype)
+    return ShardInfo(prefix, len(lengths), n_doc, n_tok, dtype, None if vocab is None else int(vocab), max_id,
+                     lengths, manifest)
+
+
+def check_vocab(info: ShardInfo, model_vocab: int) -> None:
+    if info.vocab_size is not None and info.vocab_size > model_vocab:
+        raise ShardError(f"data shard {info.prefix}: written with a {info.vocab_size}-token vocabulary, larger "
+                         f"than model.vocab_size={model_vocab}; use the matching model.vocab_size or re-tokenize")
+    if info.max_token_id is not None and info.max_token_id >= model_vocab:
+        raise ShardError(f"data shard {info.prefix}: contains token id {info.max_token_id}, outside "
+                         f"model.vocab_size={model_vocab}")
+
+
+def split_bounds(split: str, n: int) -> list[tuple[int, int] | None]:
+    """The [begin, end) sequence range of each split of an n-sequence shard, exactly as megatron-core cuts it."""
+    from megatron.core.datasets.blended_megatron_dataset_config import convert_split_vector_to_split_matrix
+    from megatron.core.datasets.utils import normalize
+    out = []
+    for b in convert_split_vector_to_split_matrix(normalize(split_weights(split))):
+        out.append(None if b is None else (int(round(b[0] * float(n))), int(round(b[1] * float(n)))))
+    return out
+
+
+def sample_counts(cfg: Config) -> list[int]:
+    """Samples drawn per split: the whole run; a fixed validation set of ``eval_iters`` global batches."""
+    g = cfg.train.global_batch_size
+    return [cfg.train.steps * g, cfg.train.eval_iters * g, cfg.train.eval_iters * g]
+
+
+def check_data(cfg: Config) -> dict[str, ShardInfo]:
+    """Every shard exists, is non-empty, fits the model's vocabulary, and every used split has tokens."""
+    d = cfg.data
+    if not d.prefixes:
+        raise ConfigError("data.prefixes: no training shards given (a list of .bin/.idx prefixes)")
+    infos = {}
+    for p in list(d.prefixes) + list(d.valid_prefixes or []):
+        if p not in infos:
+            infos[p] = inspect_shard(p)
+            check_vocab(infos[p], cfg.model.vocab_size)
+    want_valid = cfg.train.eval_interval > 0
+    if d.valid_prefixes is None:
+        names = ("train", "valid", "test")
+        weights = split_weights(d.split)
+        if want_valid and weights[1] == 0:
+            raise ConfigError(f"data.split: {d.split!r} has no validation part; give it one, set "
+                              "data.valid_prefixes, or set train.eval_interval=0")
+        for p in d.prefixes:
+            lengths = infos[p].sequence_lengths
+            for name, bounds in zip(names, split_bounds(d.split, len(lengths))):
+                if bounds is None:
+                    continue
+                if int(lengths[bounds[0]:bounds[1]].sum(dtype=np.int64)) == 0:
+                    raise ShardError(f"data shard {p}: its {name} split ({d.split!r}) gets no tokens "
+                                     f"(documents {bounds[0]}:{bounds[1]} of {len(lengths)}); use a larger "
+                                     f"shard or another data.split")
+    return infos
+
+
+class _TokenIds:
+    """The few tokenizer facts GPTDataset needs (it never tokenizes: the shards are already ids)."""
+
+    def __init__(self, vocab_size: int, eod: int):
+        self.vocab_size, self.eod, self.pad = vocab_size, eod, -1   # -1: no id in the data is padding
+        self.unique_identifiers = {"class": "leviathan_pretrain.TokenIds", "vocab_size": vocab_size, "eod": eod}
+
+
+def eod_id(cfg: Config, infos: dict[str, ShardInfo]) -> int:
+    if cfg.data.eod_id is not None:
+        return cfg.data.eod_id
+    for info in infos.values():
+        for key in ("eod_id", "eos_id", "eod"):
+            if isinstance(info.manifest.get(key), int):
+                return info.manifest[key]
+    return 0
+
+
+def data_summary(cfg: Config) -> dict:
+    """:func:`check_data`, reduced to what the other ranks need (small, picklable): eod id and shard sizes."""
+    infos = check_data(cfg)
+    return {"eod_id": eod_id(cfg, infos),
+            "shards": {p: {"sequences": i.num_sequences, "documents": i.num_documents, "tokens": i.num_tokens,
+                           "vocab_size": i.vocab_size, "max_token_id": i.max_token_id} for p, i in infos.items()}}
+
+
+def build_datasets(cfg: Config, eod: int, needs_data: bool):
+    """(train, valid) megatron-core datasets; collective over all ranks (rank 0 builds the index cache first).
+
+    ``needs_data`` is False on middle pipeline stages, which get ``(None, None)``."""
+    import logging
+
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
+    d = cfg.data
+    blend = (list(d.prefixes), list(d.weights) if d.weights else None)
+    kw = dict(blend=blend, split=d.split)
+    if d.valid_prefixes is not None:
+        kw = dict(blend_per_split=[blend, (list(d.valid_prefixes), None), None])
+    cache = d.cache_dir or str(Path(cfg.train.out_dir) / "data_cache")
+    dcfg = GPTDatasetConfig(random_seed=d.seed, sequence_length=cfg.model.seq_length, path_to_cache=cache,
+                            tokenizer=_TokenIds(cfg.model.vocab_size, eod),
+                            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=d.eod_mask_loss,
+                            create_attention_mask=False, mmap_bin_files=True, **kw)
+    sizes = sample_counts(cfg)
+    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: needs_data, dcfg).build()
+    if needs_data and train is not None and len(train) < sizes[0]:
+        raise ShardError(f"data: the training blend yields {len(train)} samples, fewer than the "
+                         f"{sizes[0]} the run needs")
+    return train, (valid if cfg.train.eval_interval > 0 else None)
+
+
+class Batches:
+    """This rank's micro-batches of a global batch, by sample position (see the module docstring)."""
+
+    def __init__(self, dataset, micro_batch: int, dp_size: int, dp_rank: int, global_batch: int):
+        self.ds, self.m, self.dp, self.r, self.g = dataset, micro_batch, dp_size, dp_rank, global_batch
+        self.gas = global_batch // (micro_batch * dp_size)
+
+    def micro_batch(self, start: int) -> dict[str, torch.Tensor]:
+        samples = [self.ds[i] for i in range(start, start + self.m)]
+        return {k: torch.stack([torch.as_tensor(s[k]) for s in samples])
+                for k in ("tokens", "labels", "loss_mask", "position_ids")}
+
+    def global_batch(self, consumed: int) -> list[dict[str, torch.Tensor]]:
+        """The ``gas`` micro-batches of this rank for the global batch starting at sample ``consumed``."""
+        return [self.micro_batch(consumed + k * self.m * self.dp + self.r * self.m) for k in range(self.gas)]

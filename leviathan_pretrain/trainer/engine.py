@@ -1,0 +1,186 @@
+"""The DeepSpeed engine for either path, behind one small interface (:class:`TrainEngine`).
+
+- PP = 1: megatron-core's ``GPTModel`` (``leviathan_pretrain.model.build_model``) under
+  ``deepspeed.initialize(mpu=DeepSpeedMPU())``, ZeRO stage 0-3; gradient accumulation is DeepSpeed's (the
+  loop calls ``backward``/``step`` once per micro-batch, DeepSpeed updates at the boundary).
+- PP > 1 (or ``parallel.pipeline_engine``): the same layers as a DeepSpeed ``PipelineModule`` (:mod:`.pipe`)
+  and its ``PipelineEngine`` (``train_batch`` runs the whole 1F1B schedule for one global batch), ZeRO <= 1.
+
+Both report the global-batch loss (mean over micro-batches and data-parallel ranks, equal on every rank),
+the global gradient norm, and whether the update was applied (False = skipped as non-finite).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from leviathan_pretrain.config import Config
+from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
+from leviathan_pretrain.trainer.pipe import masked_mean
+from leviathan_pretrain.trainer.schedule import lr_at, param_groups
+
+
+def deepspeed_config(cfg: Config, dp: int, own_clipping: bool) -> dict:
+    t, o, p = cfg.train, cfg.optim, cfg.parallel
+    gas = t.global_batch_size // (t.micro_batch_size * dp)
+    ds = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.0 if own_clipping else o.clip_grad,
+        "zero_optimization": {"stage": p.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+        "bf16": {"enabled": p.precision == "bf16"},
+        "fp16": {"enabled": p.precision == "fp16", "loss_scale": o.loss_scale,
+                 "initial_scale_power": o.initial_loss_scale_power, "loss_scale_window": 1000,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "checkpoint": {"tag_validation": "FAIL"},
+    }
+    return ds
+
+
+def build_optimizer(module: torch.nn.Module, cfg: Config, device: torch.device, own_clipping: bool):
+    o = cfg.optim
+    kw = dict(lr=lr_at(0, o, cfg.train.steps), betas=(o.beta1, o.beta2), eps=o.eps)
+    if device.type == "cuda":
+        kw["fused"] = True
+    else:
+        kw["foreach"] = False
+    groups = param_groups(module, cfg)
+    if own_clipping:
+        return AdamWSkipNonFinite(groups, clip_grad=o.clip_grad, **kw)
+    return torch.optim.AdamW(groups, **kw)
+
+
+class TrainEngine:
+    """Common part: DeepSpeed engine ``ds``, LR setting, skipped-step detection."""
+
+    def __init__(self, ds, cfg: Config, dp_group):
+        self.ds, self.cfg, self.dp_group = ds, cfg, dp_group
+        self.nan_next = False
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.ds.optimizer.param_groups:
+            g["lr"] = lr
+
+    def grad_norm(self) -> float | None:
+        n = self.ds.get_global_grad_norm()
+        return None if n is None else float(n)
+
+    def loss_scale(self) -> float:
+        s = getattr(self.ds.optimizer, "loss_scale", None)
+        if s is None:
+            s = getattr(self.ds.optimizer, "cur_scale", 1.0)
+        return float(s)
+
+    def module(self) -> torch.nn.Module:
+        return self.ds.module
+
+
+class ModelEngine(TrainEngine):
+    """PP = 1: ``GPTModel`` under ``deepspeed.initialize``."""
+
+    needs_data = True
+
+    def _loss(self, mb: dict) -> torch.Tensor:
+        dev = self.ds.device
+        per_token = self.ds(mb["tokens"].to(dev), mb["position_ids"].to(dev), attention_mask=None,
+                            labels=mb["labels"].to(dev))
+        return masked_mean(per_token, mb["loss_mask"].to(dev))
+
+    def _mean_over_dp(self, total: torch.Tensor, n: int) -> float:
+        total = total.detach().float() / n
+        if dist.get_world_size(self.dp_group) > 1:
+            dist.all_reduce(total, group=self.dp_group)
+            total /= dist.get_world_size(self.dp_group)
+        return float(total.item())
+
+    def train_step(self, micro_batches: list[dict]) -> tuple[float, bool]:
+        skipped_before = self.ds.skipped_steps
+        total = torch.zeros((), device=self.ds.device)
+        for mb in micro_batches:
+            loss = self._loss(mb)
+            if self.nan_next:
+                loss = loss * float("nan")
+            self.ds.backward(loss)
+            self.ds.step()
+            total += loss.detach().float()
+        loss = self._mean_over_dp(total, len(micro_batches))
+        return loss, self.ds.skipped_steps == skipped_before
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[list[dict]], n_batches: int) -> float:
+        self.ds.eval()
+        total = torch.zeros((), device=self.ds.device)
+        n = 0
+        for mbs in batches:
+            for mb in mbs:
+                total += self._loss(mb).float()
+                n += 1
+        self.ds.train()
+        return self._mean_over_dp(total, n)
+
+
+class PipeEngine(TrainEngine):
+    """PP > 1: DeepSpeed's ``PipelineEngine`` over :func:`.pipe.build_pipeline`."""
+
+    def __init__(self, ds, cfg, dp_group, loss_fn):
+        super().__init__(ds, cfg, dp_group)
+        self.loss_fn = loss_fn
+        self.needs_data = ds.is_first_stage() or ds.is_last_stage()
+
+    @staticmethod
+    def _pipe_batches(micro_batches):
+        return iter([((mb["tokens"], mb["position_ids"]), (mb["labels"], mb["loss_mask"]))
+                     for mb in micro_batches or []])
+
+    def train_step(self, micro_batches: list[dict] | None) -> tuple[float, bool]:
+        skipped_before = self.ds.skipped_steps
+        self.loss_fn.nan_next = self.nan_next
+        loss = self.ds.train_batch(self._pipe_batches(micro_batches))
+        self.loss_fn.nan_next = False
+        return float(loss.item()), self.ds.skipped_steps == skipped_before
+
+    def eval_loss(self, batches: list[list[dict]] | None, n_batches: int) -> float:
+        total = 0.0
+        for i in range(n_batches):
+            mbs = batches[i] if batches else None
+            loss = self.ds.eval_batch(self._pipe_batches(mbs), num_micro_batches=self.ds.micro_batches)
+            total += float(loss.item())
+        return total / n_batches
+
+
+def build_engine(cfg: Config, device: torch.device) -> TrainEngine:
+    """Build the model (or pipeline), its AdamW and the DeepSpeed engine; collective."""
+    import deepspeed
+    from megatron.core import parallel_state as ps
+
+    from leviathan_pretrain.parallel import DeepSpeedMPU
+    from leviathan_pretrain.trainer.checkpoint import install_safe_engine
+    dp = ps.get_data_parallel_world_size()
+    own_clipping = cfg.parallel.zero_stage == 0 and cfg.parallel.precision == "fp32"
+    ds_config = deepspeed_config(cfg, dp, own_clipping)
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+    if cfg.parallel.uses_pipeline_engine:
+        import dataclasses
+
+        from leviathan_pretrain.model import build_transformer_config
+        from leviathan_pretrain.trainer.pipe import build_pipeline
+        # DeepSpeed runs the pipeline, not megatron-core: its TransformerConfig describes one stage-free
+        # model (megatron's pipeline settings would demand its own schedule's pipeline_dtype etc.).
+        flat = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pipeline_parallel=1))
+        module, loss_fn = build_pipeline(cfg, build_transformer_config(flat, device))
+        opt = build_optimizer(module, cfg, device, own_clipping)
+        ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, dist_init_required=False)
+        eng = PipeEngine(ds, cfg, ps.get_data_parallel_group(), loss_fn)
+    else:
+        from leviathan_pretrain.model import build_model
+        module = build_model(cfg, device)
+        opt = build_optimizer(module, cfg, device, own_clipping)
+        ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, mpu=DeepSpeedMPU(),
+                                      dist_init_required=False)
+        eng = ModelEngine(ds, cfg, ps.get_data_parallel_group())
+    install_safe_engine(ds)
+    return eng

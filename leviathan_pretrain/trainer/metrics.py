@@ -1,0 +1,141 @@
+"""Monitoring: TensorBoard scalars, one console line per log interval, and ``train_log.jsonl``.
+
+Only one rank writes: the last pipeline stage's first tensor-parallel rank of data-parallel replica 0
+(where the loss is). Scalars (TensorBoard tags):
+
+- every step: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/skipped_steps``
+- every ``logging.log_interval`` steps: ``train/perplexity``, ``train/loss_scale``, ``train/samples_consumed``,
+  ``train/tokens_consumed``, ``perf/tokens_per_s``, ``perf/step_time_s``, ``perf/tflops_per_device``,
+  ``perf/mfu`` (model FLOPs from ``model_flops_per_token`` incl. LEV's per-unique-id work, over
+  ``logging.peak_flops`` x devices), ``memory/cuda_max_allocated_gb`` (GPU) or ``memory/rss_gb`` (CPU),
+  ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
+- every validation: ``valid/loss``, ``valid/perplexity``
+
+``train_log.jsonl`` (in ``train.out_dir``) gets one JSON record per step with the exact float loss, plus
+``valid`` and ``event`` records; it is what tests and scripts read. On resume, records after the resumed
+step are dropped (and TensorBoard purges them via ``purge_step``), so each step appears once.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+LOG_NAME = "train_log.jsonl"
+
+
+def rss_gb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def memory_stats(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"memory/cuda_max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+                "memory/rss_gb": rss_gb()}
+    return {"memory/rss_gb": rss_gb()}
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 80.0)) if math.isfinite(loss) else float("nan")
+
+
+def throughput(tokens: int, seconds: float, flops_per_token: float, world: int, peak_flops: float) -> dict:
+    tps = tokens / max(seconds, 1e-9)
+    tflops = tps * flops_per_token / world / 1e12
+    return {"perf/tokens_per_s": tps, "perf/step_time_s": seconds, "perf/tflops_per_device": tflops,
+            "perf/mfu": tflops * 1e12 / peak_flops}
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep records up to ``last_step`` (a resumed run rewrites what came after)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("step", 0) <= last_step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in keep))
+    os.replace(tmp, path)
+
+
+class Metrics:
+    def __init__(self, out_dir: Path, tb_dir: Path | None, is_writer: bool, resume_step: int, log_interval: int,
+                 total_steps: int):
+        self.is_writer, self.log_interval, self.total_steps = is_writer, log_interval, total_steps
+        self.tb = None
+        self.log = None
+        self.t_last = time.perf_counter()
+        if not is_writer:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / LOG_NAME
+        truncate_log(path, resume_step)
+        self.log = open(path, "a", buffering=1)
+        if tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(str(tb_dir), purge_step=resume_step + 1 if resume_step else None)
+
+    def record(self, rec: dict) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(rec) + "\n")
+
+    def scalars(self, step: int, values: dict) -> None:
+        if self.tb is None:
+            return
+        for k, v in values.items():
+            if v is not None and isinstance(v, (int, float)):
+                self.tb.add_scalar(k, float(v), step)
+
+    def event(self, step: int, what: str, **kw) -> None:
+        self.record({"step": step, "event": what, **kw})
+        if self.is_writer:
+            print(f"[train] step {step}: {what} " + " ".join(f"{k}={v}" for k, v in kw.items()), flush=True)
+
+    def train_step(self, step: int, rec: dict, extra: dict | None) -> None:
+        """Per-step record + scalars; ``extra`` (on log steps) adds the interval scalars and the console line."""
+        if not self.is_writer:
+            return
+        self.record({"step": step, **rec})
+        self.scalars(step, {"train/loss": rec["loss"], "train/lr": rec["lr"], "train/grad_norm": rec["grad_norm"],
+                            "train/skipped_steps": rec["skipped_total"]})
+        if extra:
+            self.scalars(step, extra)
+            gn = rec["grad_norm"]
+            mem = extra.get("memory/cuda_max_allocated_gb", extra.get("memory/rss_gb", 0.0))
+            print(f"[train] step {step:>6}/{self.total_steps} | loss {rec['loss']:.4f} | "
+                  f"ppl {extra['train/perplexity']:.2f} | lr {rec['lr']:.3e} | "
+                  f"gnorm {gn if gn is None else f'{gn:.3f}'} | {extra['perf/tokens_per_s']:,.0f} tok/s | "
+                  f"{extra['perf/step_time_s']:.3f} s/step | {extra['perf/tflops_per_device']:.3f} TFLOP/s | "
+                  f"mfu {100 * extra['perf/mfu']:.2f}% | mem {mem:.2f} GB | skipped {rec['skipped_total']}",
+                  flush=True)
+
+    def valid(self, step: int, loss: float) -> None:
+        if not self.is_writer:
+            return
+        ppl = perplexity(loss)
+        self.record({"step": step, "valid_loss": loss, "valid_perplexity": ppl})
+        self.scalars(step, {"valid/loss": loss, "valid/perplexity": ppl})
+        print(f"[train] step {step:>6}/{self.total_steps} | validation loss {loss:.4f} | ppl {ppl:.2f}", flush=True)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+            self.tb = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None

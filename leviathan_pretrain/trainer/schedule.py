@@ -1,0 +1,44 @@
+"""Learning-rate schedule and AdamW parameter groups.
+
+- :func:`lr_at`: linear warmup from 0 over ``optim.warmup_steps``, then cosine (or linear) decay to
+  ``optim.min_lr`` at ``optim.decay_steps`` (default ``train.steps``), then flat at ``min_lr``. The LR is a pure
+  function of the step, so a resumed run needs nothing but the step number.
+- :func:`param_groups`: weight decay on matrices only; never on norms and biases, and on LEV's digit
+  codebooks only when ``optim.decay_lev_codebooks`` is set (the model package's ``weight_decay_groups``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from leviathan_pretrain.config import Config, OptimConfig
+
+
+def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based)."""
+    warm = ocfg.warmup_steps
+    if warm > 0 and step < warm:
+        return ocfg.lr * (step + 1) / warm
+    if ocfg.decay_style == "constant":
+        return ocfg.lr
+    decay = (ocfg.decay_steps or total_steps) - warm
+    if decay <= 0:
+        return ocfg.lr
+    t = min(1.0, (step - warm) / decay)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * t)) if ocfg.decay_style == "cosine" else 1.0 - t
+    return ocfg.min_lr + coeff * (ocfg.lr - ocfg.min_lr)
+
+
+def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
+    """The model's own grouping (norms, biases, LEV codebooks unless ``optim.decay_lev_codebooks``)."""
+    from leviathan_pretrain.model import weight_decay_groups
+    groups = weight_decay_groups(module, cfg.optim.weight_decay, cfg.optim.decay_lev_codebooks)
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(module: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    kw = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(param_groups(module, cfg), lr=lr_at(0, o, cfg.train.steps),
+                             betas=(o.beta1, o.beta2), eps=o.eps, **kw)

@@ -1,0 +1,42 @@
+"""Worker: several training runs in one launch (each process pays its ~5-8 s of imports once).
+
+``python tests/workers/train_runs.py SPEC.json`` where SPEC is ``[{"name": ..., "config": path|null,
+"overrides": [...]}, ...]``. Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code
+behind ``python -m leviathan_pretrain.train``), printing ``RESULT {"name", "rank", "code"}`` per run;
+a run that raises records the error type and message instead (and the launch goes on).
+"""
+import json
+import os
+import sys
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
+
+from leviathan_pretrain.config import load_config  # noqa: E402
+from leviathan_pretrain.parallel import destroy_distributed  # noqa: E402
+from leviathan_pretrain.trainer.loop import run  # noqa: E402
+
+
+def main(spec_path: str) -> None:
+    import torch.distributed as dist
+    specs = json.loads(open(spec_path).read())
+    for spec in specs:
+        cfg = load_config(spec.get("config"), spec.get("overrides", []))
+        out = {"name": spec["name"]}
+        try:
+            out["code"] = run(cfg)
+        except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
+            out.update(code=None, error=type(e).__name__, message=str(e))
+            traceback.print_exc()
+        out["rank"] = dist.get_rank() if dist.is_initialized() else 0
+        print("RESULT " + json.dumps(out), flush=True)
+        if out["code"] is None:
+            # the other ranks may be waiting in a collective: stop this launch instead of hanging it
+            sys.stdout.flush()
+            os._exit(1)
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
