@@ -1,0 +1,165 @@
+"""Build a small, real, multi-source corpus in The Pile's jsonl format (the test and demo corpus).
+
+Every line is {"text": ..., "meta": {"pile_set_name": ...}}, exactly like the Pile's
+train/NN.jsonl.zst shards. No text is synthetic; it comes from the Python standard library and
+Debian packages:
+
+  Github      the Python standard library's own .py files (one document per file); always present
+  PythonDocs  the Python 3.11 documentation sources (Debian package python3.11-doc)
+  Dictionary  GCIDE, the 1913 Webster's based dictionary (Debian package dict-gcide), grouped into
+              documents of ~40 entries
+
+  python -m data_prep.make_corpus OUT_DIR [--sources github,pythondocs,dictionary] [--train-shards 1]
+
+Writes OUT_DIR/train/00.jsonl.zst (.. NN with --train-shards), OUT_DIR/val.jsonl.zst and
+OUT_DIR/test.jsonl.zst and prints a summary. Deterministic for a given seed and machine. With the
+defaults the output is byte-identical to the shared make-minipile tool's (~80 MB train split).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from data_prep.cli import UserError, run_main
+
+DOCS = Path("/usr/share/doc/python3.11/html/_sources")
+GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
+SOURCES = ("github", "pythondocs", "dictionary")
+PACKAGES = {"pythondocs": ("python3.11-doc", DOCS), "dictionary": ("dict-gcide", GCIDE)}
+
+
+def ensure_packages(sources) -> None:
+    missing = [PACKAGES[s][0] for s in sources if s in PACKAGES and not PACKAGES[s][1].exists()]
+    if missing:
+        subprocess.run(["apt-get", "update", "-q"], check=False, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, stdout=subprocess.DEVNULL)
+
+
+def github_docs():
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            yield "Github", text
+
+
+def python_docs():
+    for path in sorted(DOCS.rglob("*.txt")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if text.strip():
+            yield "PythonDocs", text
+
+
+def dictionary_docs(entries_per_doc=40):
+    with gzip.open(GCIDE, "rt", encoding="utf-8", errors="replace") as f:
+        raw = f.read()
+    entries, current = [], []
+    for line in raw.split("\n"):
+        if line and not line[0].isspace() and current and current[-1] == "":
+            entries.append("\n".join(current).strip())
+            current = []
+        current.append(line)
+    entries.append("\n".join(current).strip())
+    entries = [e for e in entries if e and not e.startswith("00-database")]
+    for i in range(0, len(entries), entries_per_doc):
+        yield "Dictionary", "\n\n".join(entries[i:i + entries_per_doc])
+
+
+def write_jsonl_zst(path: Path, items) -> None:
+    import zstandard
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as w:
+        for source, text in items:
+            line = json.dumps({"text": text, "meta": {"pile_set_name": source}}, ensure_ascii=False)
+            w.write(line.encode("utf-8") + b"\n")
+    os.replace(tmp, path)
+
+
+def summarize(items) -> str:
+    counts: dict = {}
+    for source, text in items:
+        c = counts.setdefault(source, [0, 0])
+        c[0] += 1
+        c[1] += len(text.encode("utf-8"))
+    return ", ".join(f"{k}: {v[0]} docs {v[1] / 1e6:.1f} MB" for k, v in sorted(counts.items()))
+
+
+def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, install=False,
+          quiet=False) -> dict:
+    """Write the corpus; returns {"train": [paths], "val": path, "test": path}."""
+    sources = tuple(sources)
+    for s in sources:
+        if s not in SOURCES:
+            raise UserError(f"unknown source {s!r}; choose from {', '.join(SOURCES)}")
+    if install:
+        ensure_packages(sources)
+    for s in sources:
+        if s in PACKAGES and not PACKAGES[s][1].exists():
+            pkg, path = PACKAGES[s]
+            raise UserError(f"missing {path}: install the Debian package {pkg} (or pass --install, "
+                            f"or leave {s} out of --sources)")
+    if train_shards < 1:
+        raise UserError("--train-shards must be >= 1")
+    gens = {"github": github_docs, "pythondocs": python_docs, "dictionary": dictionary_docs}
+    docs = [d for s in SOURCES if s in sources for d in gens[s]()]
+    if not docs:
+        raise UserError("no documents found")
+    random.Random(seed).shuffle(docs)
+    n_val = max(1, int(len(docs) * val_fraction))
+    train = docs[2 * n_val:]
+    splits = {"val": docs[:n_val], "test": docs[n_val:2 * n_val]}
+    per = -(-len(train) // train_shards)
+    for k in range(train_shards):
+        splits[f"train/{k:02d}"] = train[k * per:(k + 1) * per]
+    out = Path(out_dir)
+    (out / "train").mkdir(parents=True, exist_ok=True)
+    result = {"train": [], "val": None, "test": None}
+    for name, items in splits.items():
+        path = out / f"{name}.jsonl.zst"
+        write_jsonl_zst(path, items)
+        if name.startswith("train/"):
+            result["train"].append(str(path))
+        else:
+            result[name] = str(path)
+        if not quiet:
+            print(f"{name}: {summarize(items)}")
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_prep.make_corpus", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--sources", default=",".join(SOURCES),
+                    help="comma-separated subset of github,pythondocs,dictionary (default: all)")
+    ap.add_argument("--install", action="store_true", help="apt-get the Debian packages if missing")
+    ap.add_argument("--val-fraction", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-shards", type=int, default=1, help="split train into this many files")
+    ap.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
+    args = ap.parse_args(argv)
+    out = Path(args.out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not args.force:
+            raise UserError(f"output directory is not empty: {out} (pass --force to replace it)")
+        shutil.rmtree(out)
+    build(out, [s.strip() for s in args.sources.split(",") if s.strip()], args.val_fraction, args.seed,
+          args.train_shards, args.install)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

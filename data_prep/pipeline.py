@@ -1,0 +1,260 @@
+"""Tokenize one input file into shard(s) in a directory: reader thread -> encoder threads -> writer.
+
+Threading: SentencePiece's batch encode releases the GIL for the whole encode (checked in its
+pybind source: ``py::gil_scoped_release`` around ``RunBatch``) and, with ``out_type="numpy"``,
+returns int32 arrays without building Python ints. So:
+
+* one **reader** thread reads + hashes + decompresses + parses (orjson) and cuts ~``batch_bytes``
+  batches into a bounded queue;
+* ``workers`` **encoder** threads each encode whole batches (``num_threads=1``, EOD appended in C++),
+  so no core idles at the tail of a batch while another finishes a long document;
+* the calling thread **writes** results strictly in batch order (np.concatenate, np.bincount,
+  ``tofile``), so the output never depends on thread timing.
+
+At most ``workers + 1`` batches are in flight plus ``workers + 1`` queued: memory is bounded by the
+batch size, not the corpus.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from data_prep.shards import ShardWriter
+from data_prep.sources import NO_SET, FileReader
+
+
+def set_slug(name: str | None) -> str:
+    """File-name-safe form of a set name: ``Wikipedia (en)`` -> ``Wikipedia_en``."""
+    if name is None:
+        return "no_set"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.")
+    return slug or "set"
+
+
+class Tokenizer:
+    """A loaded SentencePiece model plus what the shards need to know about it."""
+
+    def __init__(self, path: str):
+        import sentencepiece as spm
+
+        from data_prep.cli import UserError, sha256_file
+        if not os.path.isfile(path):
+            raise UserError(f"tokenizer model not found: {path}")
+        self.path = path
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(path)
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"{path}: not a SentencePiece model ({str(e).splitlines()[0][:200]})") from None
+        self.sha256 = sha256_file(path)
+        self.vocab_size = int(self.sp.vocab_size())
+        self.eod_id = int(self.sp.eos_id())
+        if self.eod_id < 0:
+            raise UserError(f"{path}: the tokenizer has no EOS piece (eos_id=-1); data_prep appends EOS as "
+                            "the end-of-document token, so train it with an eos_id (train_tokenizer does)")
+
+    def chunk_safe(self) -> bool:
+        """Whether cutting a document just after a newline and encoding the pieces separately gives
+        exactly the ids of encoding it whole: true when the normalizer keeps text as is (newlines and
+        spaces, no dummy prefix, no whitespace removal) and no multi-character piece contains a newline,
+        so a newline is a boundary no BPE merge or unigram piece crosses. Checked, then probed."""
+        sp = self.sp
+        probe = "  a \n\n b\t\n  \n c  d \n"
+        try:
+            if sp.normalize(probe) != probe.replace(" ", "\u2581"):
+                return False
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+        pieces = sp.id_to_piece(list(range(self.vocab_size)))
+        if any("\n" in p and len(p) > 1 for p in pieces):
+            return False
+        whole = sp.encode(probe)
+        parts = [x for part in ("  a \n", "\n", " b\t\n", "  \n", " c  d \n") for x in sp.encode(part)]
+        return whole == parts
+
+    def describe(self) -> dict:
+        sp = self.sp
+        return {"path": os.path.abspath(self.path), "sha256": self.sha256, "vocab_size": self.vocab_size,
+                "eod_id": self.eod_id, "eod_piece": sp.id_to_piece(self.eod_id),
+                "bos_id": int(sp.bos_id()), "unk_id": int(sp.unk_id()), "pad_id": int(sp.pad_id())}
+
+    def encode(self, units: list) -> list:
+        return self.sp.encode(units, out_type="numpy", add_eos=False, add_bos=False, num_threads=1)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _reader_thread(reader: FileReader, q: queue.Queue, stop: threading.Event, chunk_bytes: int) -> None:
+    def put(item):
+        while True:
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if stop.is_set():
+                    raise _Stop from None
+    try:
+        for batch in reader.batches(chunk_bytes):
+            put(batch)
+        put(None)
+    except _Stop:
+        pass
+    except BaseException as e:          # forwarded to the consumer, re-raised there
+        try:
+            put(e)
+        except _Stop:
+            pass
+
+
+class FileTokenizer:
+    """Tokenizes one file into ``out_dir/shard-<slug>.{bin,idx,counts.npy}`` (slug ``all`` unless split)."""
+
+    def __init__(self, tok: Tokenizer, dtype: np.dtype, *, workers: int, split_by_set: bool,
+                 reader_kwargs: dict, progress=None, chunk_bytes: int = 0):
+        self.tok = tok
+        self.dtype = dtype
+        self.workers = max(1, workers)
+        self.split_by_set = split_by_set
+        self.reader_kwargs = reader_kwargs
+        self.progress = progress
+        self.chunk_bytes = chunk_bytes
+        self._eod = np.array([tok.eod_id], dtype=np.int32)
+
+    def run(self, path: str, out_dir: str) -> dict:
+        t0 = time.monotonic()
+        reader = FileReader(path, **self.reader_kwargs)
+        self._reader = reader
+        self._out_dir = out_dir
+        self._writers: dict = {}
+        self._set_stats: dict = {}
+        self._no_tokens = 0
+        self._raw_seen = 0
+        q: queue.Queue = queue.Queue(maxsize=self.workers + 1)
+        stop = threading.Event()
+        th = threading.Thread(target=_reader_thread, args=(reader, q, stop, self.chunk_bytes), name="data_prep-reader",
+                              daemon=True)
+        th.start()
+        try:
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="data_prep-encode") as ex:
+                inflight: deque = deque()
+                try:
+                    while True:
+                        item = q.get()
+                        if item is None:
+                            break
+                        if isinstance(item, BaseException):
+                            raise item
+                        inflight.append((item, ex.submit(self.tok.encode, item.units)))
+                        while len(inflight) > self.workers:
+                            self._write(*inflight.popleft())
+                    while inflight:
+                        self._write(*inflight.popleft())
+                finally:
+                    stop.set()
+                    for _, fut in inflight:
+                        fut.cancel()
+        except BaseException:
+            for w in self._writers.values():
+                w.abort()
+            raise
+        finally:
+            th.join(timeout=5)
+        shards = {}
+        for key, w in self._writers.items():
+            info = w.finish()
+            info["file"] = os.path.basename(w.prefix)
+            shards[key] = info
+        st = reader.stats
+        if self._no_tokens:
+            st.skipped["no_tokens"] += self._no_tokens
+        return {
+            "path": path, "bytes": st.bytes, "sha256": st.sha256, "records": st.records,
+            "documents": sum(s["documents"] for s in self._set_stats.values()),
+            "tokens": sum(s["tokens"] for s in self._set_stats.values()),
+            "text_bytes": sum(s["text_bytes"] for s in self._set_stats.values()),
+            "sets": self._set_stats,
+            "shards": {("" if k is None else k): v for k, v in shards.items()} if not self.split_by_set
+            else {(NO_SET if k is None else k): v for k, v in shards.items()},
+            "skipped": dict(st.skipped), "filtered_sets": dict(st.filtered), "skipped_examples": st.examples,
+            "elapsed_s": round(time.monotonic() - t0, 3),
+        }
+
+    def _writer_for(self, key):
+        w = self._writers.get(key)
+        if w is None:
+            slug = "all" if not self.split_by_set else set_slug(key)
+            taken = {os.path.basename(x.prefix) for x in self._writers.values()}
+            name = f"shard-{slug}"
+            i = 1
+            while name in taken:                         # two set names with one slug
+                i += 1
+                name = f"shard-{slug}-{i}"
+            w = self._writers[key] = ShardWriter(os.path.join(self._out_dir, name), self.dtype,
+                                                 self.tok.vocab_size)
+        return w
+
+    def _write(self, batch, fut) -> None:
+        arrs = fut.result()                               # one int32 array per unit, no EOD yet
+        unit_len = np.fromiter(map(len, arrs), dtype=np.int64, count=len(arrs))
+        if batch.pieces is None:
+            first = None
+            doc_tok = unit_len
+        else:
+            counts = np.asarray(batch.pieces, dtype=np.int64)
+            first = np.zeros(len(counts) + 1, dtype=np.int64)
+            np.cumsum(counts, out=first[1:])
+            doc_tok = np.add.reduceat(unit_len, first[:-1])
+        doc_bytes = np.asarray(batch.doc_bytes, dtype=np.int64)
+        sids = np.asarray(batch.set_ids, dtype=np.int64)
+        docs = np.flatnonzero(doc_tok > 0)                # 0: the text encoded to nothing
+        self._no_tokens += len(doc_tok) - len(docs)
+        if len(docs) == 0:
+            return
+        lengths = (doc_tok[docs] + 1).astype(np.int32)    # + EOD
+        doc_bytes, sids = doc_bytes[docs], sids[docs]
+        names = self._reader.set_names
+        nsets = len(names)
+        docs_per = np.bincount(sids, minlength=nsets)
+        toks_per = np.bincount(sids, weights=lengths, minlength=nsets)
+        bytes_per = np.bincount(sids, weights=doc_bytes, minlength=nsets)
+        for sid in np.flatnonzero(docs_per):
+            name = names[sid]
+            key = NO_SET if name is None else name
+            s = self._set_stats.setdefault(key, {"documents": 0, "tokens": 0, "text_bytes": 0})
+            s["documents"] += int(docs_per[sid])
+            s["tokens"] += int(toks_per[sid])
+            s["text_bytes"] += int(bytes_per[sid])
+
+        eod = self._eod
+
+        def flat(sel) -> np.ndarray:                      # documents ``sel`` (indices) + EOD each
+            parts = []
+            if first is None:
+                for d in sel:
+                    parts.append(arrs[d])
+                    parts.append(eod)
+            else:
+                for d in sel:
+                    parts.extend(arrs[first[d]:first[d + 1]])
+                    parts.append(eod)
+            return np.concatenate(parts)
+
+        if not self.split_by_set:
+            self._writer_for(None).add(flat(docs), lengths, int(doc_bytes.sum()))
+        else:
+            for sid in np.flatnonzero(docs_per):
+                idx = np.flatnonzero(sids == sid)
+                self._writer_for(names[sid]).add(flat(docs[idx]), lengths[idx], int(doc_bytes[idx].sum()))
+        if self.progress is not None:
+            raw = self._reader.stats.bytes
+            self.progress.update(len(docs), int(lengths.sum()), int(doc_bytes.sum()), raw - self._raw_seen)
+            self._raw_seen = raw

@@ -1,0 +1,388 @@
+"""Input readers: jsonl / jsonl.zst / plain text (optionally .zst), Pile set filters, skip accounting.
+
+What counts as bad input, and what happens (the policy the README documents):
+
+* record-level problems are **skipped and counted by reason** (manifest ``skipped``), the first few
+  of each kind are logged with ``FILE:LINE`` and kept in ``skipped_examples``; with
+  ``--on-bad-record error`` the first one is instead a hard error naming ``FILE:LINE``:
+  ``invalid_json``, ``invalid_utf8``, ``not_an_object``, ``missing_text_key``, ``text_not_a_string``,
+  ``empty_text``, ``whitespace_only``, ``blank_line`` (an empty line in a jsonl file), and
+  ``no_tokens`` (counted by the tokenizer: the text encodes to nothing).
+* file-level problems are **hard errors** naming the file (and the line reached): a missing or
+  unreadable input, a truncated or corrupt ``.zst`` stream. A broken download must not turn into a
+  silently shorter corpus; re-download the file or leave it out.
+* documents dropped by ``--include-sets`` / ``--exclude-sets`` are counted per set (``filtered_sets``).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import orjson
+import zstandard
+
+from data_prep.cli import UserError, log
+
+# The 22 ``meta.pile_set_name`` values of The Pile (exact spellings, as in the released jsonl).
+PILE_SET_NAMES = (
+    "Pile-CC", "PubMed Central", "Books3", "OpenWebText2", "ArXiv", "Github", "FreeLaw",
+    "StackExchange", "USPTO Backgrounds", "PubMed Abstracts", "Gutenberg (PG-19)", "OpenSubtitles",
+    "Wikipedia (en)", "DM Mathematics", "Ubuntu IRC", "BookCorpus2", "EuroParl", "HackerNews",
+    "YoutubeSubtitles", "PhilPapers", "NIH ExPorter", "Enron Emails",
+)
+
+# --preset NAME: named set filters. pile-uncopyrighted reproduces monology/pile-uncopyrighted, whose
+# card says it removed "Books3, BookCorpus2, OpenSubtitles, YTSubtitles, and OWT2" - i.e. also
+# OpenWebText2, not only the four sets usually quoted.
+PRESETS = {
+    "pile-uncopyrighted": {
+        "exclude_sets": ["Books3", "BookCorpus2", "OpenSubtitles", "YoutubeSubtitles", "OpenWebText2"],
+    },
+}
+
+SKIP_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_key", "text_not_a_string",
+                "empty_text", "whitespace_only", "blank_line", "no_tokens")
+EXAMPLES_PER_REASON = 5
+NO_SET = "(none)"            # set name reported for records without meta.pile_set_name
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Expand globs in order (each pattern's matches sorted); a pattern matching nothing is an error."""
+    out, seen = [], set()
+    for pat in patterns:
+        if glob.has_magic(pat):
+            matches = sorted(p for p in glob.glob(pat, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise UserError(f"input pattern matches no file: {pat}")
+        else:
+            if not os.path.exists(pat):
+                raise UserError(f"input file not found: {pat}")
+            if os.path.isdir(pat):
+                raise UserError(f"input is a directory (give files or a glob like {pat}/*.jsonl.zst): {pat}")
+            matches = [pat]
+        for m in matches:
+            key = os.path.realpath(m)
+            if key not in seen:
+                seen.add(key)
+                out.append(m)
+    for p in out:
+        if not os.access(p, os.R_OK):
+            raise UserError(f"input file is not readable: {p}")
+    return out
+
+
+def input_format(path: str, fmt: str = "auto") -> tuple[str, bool]:
+    """(``jsonl`` | ``text``, zstd-compressed?) from ``--format`` or the file name."""
+    compressed = path.endswith(".zst")
+    base = path[:-4] if compressed else path
+    if fmt == "auto":
+        fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
+    if fmt not in ("jsonl", "text"):
+        raise UserError(f"unknown --format {fmt!r}; choose auto, jsonl or text")
+    return fmt, compressed
+
+
+@dataclass
+class SetFilter:
+    include: frozenset | None = None
+    exclude: frozenset = frozenset()
+
+    def keep(self, name: str | None) -> bool:
+        if self.include is not None and (name is None or name not in self.include):
+            return False
+        return name not in self.exclude
+
+    def describe(self) -> dict:
+        return {"include_sets": sorted(self.include) if self.include is not None else None,
+                "exclude_sets": sorted(self.exclude)}
+
+
+def make_set_filter(include=None, exclude=None, preset=None) -> SetFilter:
+    excl = set(exclude or [])
+    if preset:
+        if preset not in PRESETS:
+            raise UserError(f"unknown --preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        excl |= set(PRESETS[preset].get("exclude_sets", []))
+    incl = set(include) if include else None
+    if incl is not None and excl & incl:
+        raise UserError(f"sets both included and excluded: {', '.join(sorted(excl & incl))}")
+    for name in sorted((incl or set()) | excl):
+        if name not in PILE_SET_NAMES:
+            log(f"warning: {name!r} is not one of the Pile's 22 set names "
+                f"(exact spellings: {', '.join(PILE_SET_NAMES)})")
+    return SetFilter(frozenset(incl) if incl is not None else None, frozenset(excl))
+
+
+@dataclass
+class Batch:
+    units: list           # UTF-8 bytes to encode: whole documents, or consecutive pieces of one
+    pieces: list | None   # units per document (None: one unit each)
+    doc_bytes: list       # UTF-8 size of each document
+    set_ids: list         # index into FileReader.set_names, one per document
+    nbytes: int           # sum of doc_bytes
+
+
+def split_after_newlines(doc: bytes, target: int) -> list:
+    """Cut ``doc`` into pieces of ~``target`` bytes, each cut just after a newline."""
+    pieces, start, n = [], 0, len(doc)
+    while n - start > 2 * target:
+        cut = doc.find(b"\n", start + target)
+        if cut < 0 or cut >= n - 1:
+            break
+        pieces.append(doc[start:cut + 1])
+        start = cut + 1
+    pieces.append(doc[start:] if start else doc)
+    return pieces
+
+
+@dataclass
+class FileStats:
+    path: str
+    bytes: int = 0                          # raw (possibly compressed) file size read
+    sha256: str = ""
+    records: int = 0                        # lines (jsonl) or candidate documents (text)
+    documents: int = 0                      # documents handed to the tokenizer
+    skipped: Counter = field(default_factory=Counter)
+    filtered: Counter = field(default_factory=Counter)
+    examples: list = field(default_factory=list)
+
+
+class FileReader:
+    """Streams one input file as :class:`Batch` es of at most ~``batch_bytes`` of text.
+
+    Reads and hashes the raw bytes in ``read_size`` chunks, decompresses zstd frame by frame (a
+    truncated stream is an error), splits lines without quadratic copying, parses with orjson.
+    Memory is bounded by ``batch_bytes`` plus the longest single document.
+    """
+
+    def __init__(self, path: str, *, fmt: str = "auto", json_key: str = "text", text_unit: str = "file",
+                 set_filter: SetFilter | None = None, on_bad: str = "skip",
+                 batch_bytes: int = 4 << 20, max_batch_docs: int = 1 << 16, read_size: int = 1 << 20):
+        self.path = path
+        self.fmt, self.compressed = input_format(path, fmt)
+        if text_unit not in ("file", "line", "paragraph"):
+            raise UserError(f"unknown --text-unit {text_unit!r}; choose file, line or paragraph")
+        self.json_key = json_key
+        self.text_unit = text_unit
+        self.set_filter = set_filter or SetFilter()
+        self.on_bad = on_bad
+        self.batch_bytes = batch_bytes
+        self.max_batch_docs = max_batch_docs
+        self.read_size = read_size
+        self.stats = FileStats(path)
+        self.set_names: list = []
+        self._set_index: dict = {}
+        self.line = 0
+
+    # -- raw bytes -----------------------------------------------------------------------------
+    def _chunks(self):
+        h = hashlib.sha256()
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise UserError(f"{self.path}: cannot open: {e.strerror}") from None
+        with f:
+            if not self.compressed:
+                while raw := f.read(self.read_size):
+                    h.update(raw)
+                    self.stats.bytes += len(raw)
+                    yield raw
+            else:
+                dctx = zstandard.ZstdDecompressor()
+                dobj, pending_frame = dctx.decompressobj(), False
+                while raw := f.read(self.read_size):
+                    h.update(raw)
+                    self.stats.bytes += len(raw)
+                    out = []
+                    try:
+                        while raw:
+                            pending_frame = True
+                            out.append(dobj.decompress(raw))
+                            raw = b""
+                            if dobj.eof:                       # frame done; maybe another follows
+                                pending_frame = False
+                                raw = dobj.unused_data
+                                dobj = dctx.decompressobj()
+                    except zstandard.ZstdError as e:
+                        raise UserError(f"{self.path}: corrupt zstd data after line {self.line} "
+                                        f"(compressed byte ~{self.stats.bytes}): {e}") from None
+                    data = b"".join(out)
+                    if data:
+                        yield data
+                if pending_frame:
+                    raise UserError(f"{self.path}: truncated zstd stream (file ends inside a frame after "
+                                    f"line {self.line}, {self.stats.bytes} compressed bytes); "
+                                    "re-download it or leave it out")
+        self.stats.sha256 = h.hexdigest()
+
+    def _lines(self):
+        """Complete lines (without the trailing newline); the last line may lack one."""
+        pending = []
+        for data in self._chunks():
+            last = data.rfind(b"\n")
+            if last < 0:
+                pending.append(data)
+                continue
+            first = data.find(b"\n")
+            if pending:
+                pending.append(data[:first])
+                yield b"".join(pending)
+                pending = []
+            else:
+                yield data[:first]
+            if last > first:
+                yield from data[first + 1:last].split(b"\n")
+            if last + 1 < len(data):
+                pending.append(data[last + 1:])
+        if pending:
+            tail = b"".join(pending)
+            if tail:
+                yield tail
+
+    # -- accounting ----------------------------------------------------------------------------
+    def _skip(self, reason: str, detail: str = "") -> None:
+        where = f"{self.path}:{self.line}"
+        if self.on_bad == "error":
+            raise UserError(f"{where}: bad record ({reason}{': ' + detail if detail else ''})")
+        st = self.stats
+        st.skipped[reason] += 1
+        if st.skipped[reason] <= EXAMPLES_PER_REASON:
+            st.examples.append({"file": self.path, "line": self.line, "reason": reason, "detail": detail[:200]})
+        if st.skipped[reason] == 1:
+            log(f"warning: {where}: skipped record ({reason}{': ' + detail[:120] if detail else ''}); "
+                "further ones are counted in the manifest")
+
+    def _set_id(self, name) -> int:
+        sid = self._set_index.get(name)
+        if sid is None:
+            sid = self._set_index[name] = len(self.set_names)
+            self.set_names.append(name)
+        return sid
+
+    # -- documents -----------------------------------------------------------------------------
+    def _jsonl_docs(self):
+        """Yield (utf8 bytes, set name) per usable record."""
+        loads, key, keep = orjson.loads, self.json_key, self.set_filter.keep
+        for line in self._lines():
+            self.line += 1
+            self.stats.records += 1
+            if not line or line.isspace():
+                self._skip("blank_line")
+                continue
+            try:
+                rec = loads(line)
+            except orjson.JSONDecodeError as e:
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as u:
+                    self._skip("invalid_utf8", str(u))
+                    continue
+                self._skip("invalid_json", str(e))
+                continue
+            if type(rec) is not dict:
+                self._skip("not_an_object", type(rec).__name__)
+                continue
+            text = rec.get(key)
+            if text is None:
+                self._skip("missing_text_key", f"no {key!r} key" if key not in rec else f"{key!r} is null")
+                continue
+            if type(text) is not str:
+                self._skip("text_not_a_string", type(text).__name__)
+                continue
+            meta = rec.get("meta")
+            if type(meta) is str:
+                try:
+                    meta = loads(meta)
+                except orjson.JSONDecodeError:
+                    meta = None
+            name = meta.get("pile_set_name") if type(meta) is dict else None
+            if name is not None and type(name) is not str:
+                name = str(name)
+            if not keep(name):
+                self.stats.filtered[NO_SET if name is None else name] += 1
+                continue
+            if not text:
+                self._skip("empty_text")
+                continue
+            if text.isspace():
+                self._skip("whitespace_only")
+                continue
+            yield text.encode("utf-8"), name
+
+    def _text_docs(self):
+        if self.text_unit == "file":
+            data = b"".join(self._chunks())
+            self.line = 1
+            units = [data]
+        elif self.text_unit == "line":
+            units = self._lines()
+        else:
+            units = self._paragraphs()
+        keep = self.set_filter.keep
+        for raw in units:
+            if self.text_unit == "line":
+                self.line += 1
+            self.stats.records += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as u:
+                self._skip("invalid_utf8", str(u))
+                continue
+            if not keep(None):
+                self.stats.filtered[NO_SET] += 1
+                continue
+            if not text:
+                self._skip("empty_text")
+                continue
+            if text.isspace():
+                self._skip("whitespace_only")
+                continue
+            yield raw, None
+
+    def _paragraphs(self):
+        """Blank-line separated paragraphs; ``self.line`` is the first line of each."""
+        buf, start, n = [], 0, 0
+        for line in self._lines():
+            n += 1
+            if line.strip():
+                if not buf:
+                    start = n
+                buf.append(line)
+            elif buf:
+                self.line = start
+                yield b"\n".join(buf)
+                buf = []
+        if buf:
+            self.line = start
+            yield b"\n".join(buf)
+
+    def batches(self, chunk_bytes: int = 0):
+        """Yield batches; with ``chunk_bytes`` > 0, documents longer than twice that are cut into
+        newline-ended pieces (see pipeline.Tokenizer.chunk_safe for when that is exact)."""
+        docs_iter = self._jsonl_docs() if self.fmt == "jsonl" else self._text_docs()
+        units, pieces, sizes, sids, nbytes = [], [], [], [], 0
+        split = chunk_bytes > 0
+        limit = 2 * chunk_bytes
+        set_id = self._set_id
+        for doc, name in docs_iter:
+            n = len(doc)
+            if split and n > limit:
+                parts = split_after_newlines(doc, chunk_bytes)
+                units.extend(parts)
+                pieces.append(len(parts))
+            else:
+                units.append(doc)
+                pieces.append(1)
+            sizes.append(n)
+            sids.append(set_id(name))
+            nbytes += n
+            if nbytes >= self.batch_bytes or len(units) >= self.max_batch_docs:
+                self.stats.documents += len(sizes)
+                yield Batch(units, pieces if len(pieces) != len(units) else None, sizes, sids, nbytes)
+                units, pieces, sizes, sids, nbytes = [], [], [], [], 0
+        if units:
+            self.stats.documents += len(sizes)
+            yield Batch(units, pieces if len(pieces) != len(units) else None, sizes, sids, nbytes)

@@ -1,0 +1,156 @@
+"""Shared, session-scoped test fixtures: a real corpus, a small tokenizer, megatron-core shards.
+
+Other test files (trainer, evaluation) may reuse these; they are cheap after the first build:
+
+* ``minipile_dir``      make_corpus output (Pile jsonl.zst: train/00, val, test; ~80 MB of text)
+* ``tokenizer_model``   an 8k-piece BPE SentencePiece model trained on a 2 MB sample of it
+* ``minipile_shards``   {"train": PREFIX, "val": PREFIX} .bin/.idx/.counts.npy/.manifest.json
+                        of minipile train/00 and val with ``tokenizer_model`` (uint16, EOD = 2)
+* ``tokenizer_model_200k``  a 200k-piece model (int32 shards), trained on ~12 MB (slower: ~15 s)
+* ``run_cli``           run ``python -m MODULE ARGS`` in a subprocess with a timeout
+
+Built artifacts live under ``$LEVIATHAN_TEST_CACHE`` (set by scripts/test.sh; a pytest temp dir
+otherwise), keyed by a hash of the code that makes them, built under a temporary name and renamed
+into place, so concurrent sessions and stale caches are safe.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_PREP = REPO / "data_prep"
+
+
+def code_key(*names: str, extra: str = "") -> str:
+    """Hash of data_prep source files (and ``extra``): a changed builder means a fresh artifact."""
+    h = hashlib.sha256(extra.encode())
+    for name in names:
+        h.update((DATA_PREP / name).read_bytes())
+    h.update(sys.version.encode())
+    return h.hexdigest()[:12]
+
+
+def build_once(root: Path, name: str, build) -> Path:
+    """Return ``root/name``, building it with ``build(tmp_dir)`` if missing (tmp dir, then rename)."""
+    final = root / name
+    if final.exists():
+        return final
+    tmp = root / f"{name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:                      # another session finished first: use theirs
+            if not final.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _run(args, timeout=300, check=True, env=None, cwd=None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.setdefault("PYTHONPATH", str(REPO))
+    if env:
+        e.update(env)
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd or REPO)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
+                             f"{p.stderr[-3000:]}")
+    return p
+
+
+def run_module(module: str, *args, timeout=300, check=True, env=None) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", module, *map(str, args)], timeout=timeout, check=check, env=env)
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """``run_cli("data_prep.tokenize", "--input", ..., timeout=120, check=True)``."""
+    return run_module
+
+
+@pytest.fixture(scope="session")
+def test_cache(tmp_path_factory) -> Path:
+    root = os.environ.get("LEVIATHAN_TEST_CACHE")
+    path = Path(root) / "data_prep" if root else tmp_path_factory.mktemp("data_prep_cache")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def minipile_dir(test_cache) -> Path:
+    """The make_corpus corpus (all three sources): train/00.jsonl.zst, val.jsonl.zst, test.jsonl.zst."""
+    key = code_key("make_corpus.py")
+    return build_once(test_cache, f"minipile-{key}",
+                      lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_model(test_cache, minipile_dir) -> Path:
+    """8k BPE tokenizer.model trained on a 2 MB seeded sample of minipile train."""
+    key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
+
+    def build(tmp):
+        run_module("data_prep.train_tokenizer", "--input", minipile_dir / "train" / "00.jsonl.zst",
+                   "--vocab-size", 8000, "--sample-bytes", 2, "--output", tmp, "--overwrite", timeout=300)
+    return build_once(test_cache, f"tokenizer8k-{key}", build) / "tokenizer.model"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_model_200k(test_cache, minipile_dir) -> Path:
+    """200k BPE tokenizer.model (vocab > 65536: int32 shards) trained on a 12 MB sample."""
+    key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
+
+    def build(tmp):
+        run_module("data_prep.train_tokenizer", "--input", minipile_dir / "train" / "00.jsonl.zst",
+                   "--vocab-size", 200000, "--sample-bytes", 12, "--output", tmp, "--overwrite", timeout=600)
+    return build_once(test_cache, f"tokenizer200k-{key}", build) / "tokenizer.model"
+
+
+@pytest.fixture(scope="session")
+def data_prep_code_key() -> str:
+    return code_key(*sorted(p.name for p in DATA_PREP.glob("*.py")))
+
+
+@pytest.fixture(scope="session")
+def minipile_shards(test_cache, minipile_dir, tokenizer_model, data_prep_code_key) -> dict:
+    """{"train": PREFIX, "val": PREFIX}: megatron-core shards of minipile train/00 and val."""
+    key = hashlib.sha256(f"{data_prep_code_key}{tokenizer_model.parent.name}{minipile_dir.name}"
+                         .encode()).hexdigest()[:12]
+
+    def build(tmp):
+        for split, src in (("train", minipile_dir / "train" / "00.jsonl.zst"),
+                           ("val", minipile_dir / "val.jsonl.zst")):
+            run_module("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model,
+                       "--output-prefix", tmp / split, "--workers", 2, timeout=600)
+    d = build_once(test_cache, f"shards-{key}", build)
+    return {"train": str(d / "train"), "val": str(d / "val")}
+
+
+def read_jsonl_zst(path) -> list[dict]:
+    """All records of a (small) jsonl.zst file - test helper, holds the file in memory."""
+    import orjson
+    import zstandard
+    with open(path, "rb") as f:
+        data = zstandard.ZstdDecompressor().stream_reader(f).read()
+    return [orjson.loads(line) for line in data.split(b"\n") if line]
+
+
+@pytest.fixture(scope="session")
+def read_corpus():
+    return read_jsonl_zst
+
+
+def pytest_configure(config):
+    # megatron-core warns at import on machines without Transformer Engine / Apex (CPU): expected here.
+    config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
