@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 EPILOG = """examples:
   python -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml
@@ -35,16 +36,17 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
     from leviathan_pretrain.config import ConfigError, load_config
-    from leviathan_pretrain.trainer.checkpoint import CheckpointError
-    from leviathan_pretrain.trainer.data import ShardError
-    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return 2                     # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    from leviathan_pretrain.trainer.checkpoint import CheckpointError
+    from leviathan_pretrain.trainer.data import ShardError
+    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged
     from leviathan_pretrain.model.inputs import TokenIdError
     from leviathan_pretrain.parallel import destroy_distributed
     from leviathan_pretrain.trainer.loop import run

@@ -19,7 +19,6 @@ states contain are allow-listed. Anything else in a file fails with an error nam
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -97,16 +96,6 @@ def install_safe_engine(ds_engine) -> SafeCheckpointEngine:
     eng = SafeCheckpointEngine(ds_engine._config)
     ds_engine.checkpoint_engine = eng
     return eng
-
-
-def file_sha256(path: str | None) -> str | None:
-    if not path:
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---- RNG state (weights_only-loadable: tensors and plain numbers only) ----

@@ -74,6 +74,24 @@ def _scan_max_id(bin_path: Path, dtype) -> int:
     return int(max(int(data[i:i + step].max()) for i in range(0, len(data), step)))
 
 
+def find_manifest(prefix: str) -> dict:
+    """``PREFIX.manifest.json``, or for a per-set shard ``BASE.<set>`` the ``BASE.manifest.json`` listing it."""
+    candidates = [Path(prefix + ".manifest.json")]
+    if "." in Path(prefix).name:
+        candidates.append(Path(prefix.rsplit(".", 1)[0] + ".manifest.json"))
+    for i, mpath in enumerate(candidates):
+        if not mpath.is_file():
+            continue
+        try:
+            m = json.loads(mpath.read_text())
+        except ValueError as e:
+            raise ShardError(f"data shard {prefix}: {mpath} is not valid JSON ({e})") from None
+        if i == 0 or any(o.get("prefix") == prefix or Path(str(o.get("prefix"))).name == Path(prefix).name
+                         for o in m.get("outputs", [])):
+            return m
+    return {}
+
+
 def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
     """Sizes, dtype and vocabulary of one shard; raises :class:`ShardError` naming what is wrong."""
     for ext in (".idx", ".bin"):
@@ -88,14 +106,9 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
     if bin_path.stat().st_size < need:
         raise ShardError(f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, "
                          f"the index needs {need})")
-    manifest = {}
-    mpath = Path(prefix + ".manifest.json")
-    if mpath.is_file():
-        try:
-            manifest = json.loads(mpath.read_text())
-        except ValueError as e:
-            raise ShardError(f"data shard {prefix}: {mpath} is not valid JSON ({e})") from None
-    vocab, max_id = manifest.get("vocab_size"), None
+    manifest = find_manifest(prefix)
+    tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
+    vocab, max_id = tok.get("vocab_size", manifest.get("vocab_size")), None
     cpath = Path(prefix + ".counts.npy")
     if cpath.is_file():
         counts = np.load(cpath, mmap_mode="r", allow_pickle=False)
@@ -106,6 +119,11 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
         max_id = _scan_max_id(bin_path, dtype)
     return ShardInfo(prefix, len(lengths), n_doc, n_tok, dtype, None if vocab is None else int(vocab), max_id,
                      lengths, manifest)
+
+
+def manifest_tokenizer(info: ShardInfo) -> dict:
+    tok = info.manifest.get("tokenizer")
+    return tok if isinstance(tok, dict) else {}
 
 
 def check_vocab(info: ShardInfo, model_vocab: int) -> None:
@@ -139,10 +157,15 @@ def check_data(cfg: Config) -> dict[str, ShardInfo]:
     if not d.prefixes:
         raise ConfigError("data.prefixes: no training shards given (a list of .bin/.idx prefixes)")
     infos = {}
+    tok_sha = file_sha256(d.tokenizer) if d.tokenizer else None
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
         if p not in infos:
             infos[p] = inspect_shard(p)
             check_vocab(infos[p], cfg.model.vocab_size)
+            shard_sha = manifest_tokenizer(infos[p]).get("sha256")
+            if tok_sha and shard_sha and shard_sha != tok_sha:
+                raise ShardError(f"data shard {p}: tokenized with another tokenizer (sha256 {shard_sha[:12]}...) "
+                                 f"than data.tokenizer={d.tokenizer} ({tok_sha[:12]}...)")
     want_valid = cfg.train.eval_interval > 0
     if d.valid_prefixes is None:
         names = ("train", "valid", "test")
@@ -162,6 +185,15 @@ def check_data(cfg: Config) -> dict[str, ShardInfo]:
     return infos
 
 
+def file_sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class _TokenIds:
     """The few tokenizer facts GPTDataset needs (it never tokenizes: the shards are already ids)."""
 
@@ -174,9 +206,9 @@ def eod_id(cfg: Config, infos: dict[str, ShardInfo]) -> int:
     if cfg.data.eod_id is not None:
         return cfg.data.eod_id
     for info in infos.values():
-        for key in ("eod_id", "eos_id", "eod"):
-            if isinstance(info.manifest.get(key), int):
-                return info.manifest[key]
+        for src in (info.manifest, manifest_tokenizer(info)):
+            if isinstance(src.get("eod_id"), int):
+                return src["eod_id"]
     return 0
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.trainer import checkpoint as ckpt
-from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
+from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary, file_sha256
 from leviathan_pretrain.trainer.faults import (EXIT_OK, EXIT_REQUEUE, BadStepCounter, Diverged, StopSignals,
                                                is_finite)
 from leviathan_pretrain.trainer.metrics import Metrics, memory_stats, perplexity, throughput
@@ -70,21 +70,13 @@ def collective_check(fn, *args):
 
 
 def check_tokenizer(cfg: Config) -> str | None:
-    """sha256 of ``data.tokenizer`` (recorded in checkpoints) after checking its vocabulary fits the model."""
+    """sha256 of ``data.tokenizer``, recorded in checkpoints (its vocabulary is checked at config load)."""
     path = cfg.data.tokenizer
     if not path:
         return None
     if not Path(path).is_file():
         raise ConfigError(f"data.tokenizer: {path} does not exist")
-    try:
-        import sentencepiece as spm
-        vocab = spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
-    except Exception as e:   # not a SentencePiece model
-        raise ConfigError(f"data.tokenizer: {path} is not a SentencePiece model ({e})") from None
-    if vocab > cfg.model.vocab_size:
-        raise ConfigError(f"data.tokenizer: {path} has {vocab} tokens, more than model.vocab_size="
-                          f"{cfg.model.vocab_size}")
-    return ckpt.file_sha256(path)
+    return file_sha256(path)
 
 
 def checkpoint_dir(cfg: Config) -> Path:

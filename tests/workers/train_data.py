@@ -1,7 +1,8 @@
 """Test data for the trainer tests: small megatron-core shards of a learnable synthetic language.
 
-Documents are walks of a fixed random sparse Markov chain over ``vocab`` ids (each id has 4 likely
-successors), ended by EOD id 0, so a model's loss falls quickly from ln(vocab) -- written with
+Documents are walks of a fixed random sparse Markov chain over ``vocab`` ids (each id has 4 successors,
+drawn Zipf-like so a few ids are frequent), ended by EOD id 0, so a model's loss falls quickly from
+ln(vocab) (unigram statistics first, then the transitions) -- written with
 megatron-core's own ``IndexedDatasetBuilder`` plus the ``PREFIX.counts.npy`` the data_prep stage writes.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ def write_shard(prefix: str | Path, vocab: int = 512, docs: int = 200, seed: int
     prefix = str(prefix)
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    succ = np.random.default_rng(1234).integers(1, vocab, size=(vocab, 4))
+    zipf = 1.0 / np.arange(1, vocab) ** 1.1
+    succ = np.random.default_rng(1234).choice(np.arange(1, vocab), size=(vocab, 4), p=zipf / zipf.sum())
     b = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
     total = np.zeros(vocab, dtype=np.int64)
     for _ in range(docs):

@@ -1,0 +1,123 @@
+"""The trainer end to end on CPU/gloo: parallel layouts reproduce the single-process loss trajectory,
+non-finite steps are skipped and counted, divergence stops the run, and the CLI fails clearly."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from leviathan_pretrain.trainer.checkpoint import safe_load
+from tests.multiproc import REPO, base_env
+from tests.workers.train_common import (CONFIG, dp_tp_runs, events, losses, overrides, pipe_runs, records,
+                                        single_process_runs, workdir)
+
+TOL = 2e-4     # observed <= 1e-6: only the order of floating-point sums differs
+
+
+def first20(name):
+    lo = losses(name)
+    return [lo[s] for s in range(1, 21)]
+
+
+def assert_matches_and_falls(name, ref):
+    got, want = first20(name), first20(ref)
+    diff = max(abs(a - b) for a, b in zip(got, want))
+    assert diff <= TOL, f"{name} vs {ref}: max |loss difference| over 20 steps = {diff}\n{got}\n{want}"
+    assert all(math.isfinite(x) for x in got)
+    assert sum(got[-5:]) / 5 < sum(got[:5]) / 5 - 0.5, f"{name}: loss does not go down: {got}"
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name", ["dp2_z1", "dp2_z2_full", "dp2_z3", "tp2"])
+def test_dp_zero_and_tp_match_single_process(name):
+    """DP=2 with ZeRO 1/2/3 and TP=2 (2 processes) follow the 1-process megatron-core GPTModel run."""
+    single_process_runs()
+    runs = dp_tp_runs()
+    assert set(runs["codes"][name].values()) <= {0, 75}
+    assert_matches_and_falls(name, "ref")
+    # the run stopped at step 20 (train.exit_at_step) with a checkpoint; exit code 75 = "re-run to continue"
+    if name != "dp2_z2_full":
+        assert runs["codes"][name] == {0: 75, 1: 75}
+        assert events(name, "stopped")[-1]["reason"] == "exit_at_step"
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name, ref", [("pp2_full", "ref_pipe"), ("pp2_tied", "ref_pipe_tied")])
+def test_pipeline_parallel_matches_single_process(name, ref):
+    """PP=2 (DeepSpeed PipelineModule, 2 stages; TIED: embedding and head tied across stages with
+    TiedLayerSpec) follows the same PipelineModule on one process (parallel.pipeline_engine=true)."""
+    single_process_runs()
+    pipe_runs()
+    assert_matches_and_falls(name, ref)
+
+
+@pytest.mark.multiproc
+def test_non_finite_steps_are_skipped_and_counted():
+    single_process_runs()
+    recs = [r for r in records("nan_skip") if "loss" in r]
+    assert [r["skipped"] for r in recs] == [False, False, True, True, False, False, False, False]
+    assert [r["skipped_total"] for r in recs] == [0, 0, 1, 2, 2, 2, 2, 2]
+    assert all(math.isnan(r["loss"]) for r in recs[2:4]) and all(math.isfinite(r["loss"]) for r in recs[4:])
+    assert recs[2]["grad_norm"] is None
+    # one rank's NaN (DP=2, ZeRO-1) skips the step on every rank
+    recs = [r for r in records("nan_one_rank") if "loss" in r]
+    assert [r["skipped"] for r in recs] == [False, False, True, False, False, False]
+    assert math.isfinite(recs[-1]["loss"])
+
+
+@pytest.mark.multiproc
+def test_skipped_step_leaves_weights_untouched():
+    """Checkpoints around the skipped steps 3-4 (ZeRO 0 fp32: the explicit check): weights equal bitwise."""
+    single_process_runs()
+    ck = workdir() / "nan_skip" / "checkpoints"
+    states = [{k: v for k, v in safe_load(ck / f"global_step{s}/mp_rank_00_model_states.pt")["module"].items()
+               if torch.is_tensor(v)} for s in (2, 3, 4, 5)]
+    assert len(states[0]) > 10
+    assert all((states[0][k] == states[i][k]).all() for k in states[0] for i in (1, 2))   # 3, 4 skipped
+    assert any(not (states[2][k] == states[3][k]).all() for k in states[2])              # 5 applied
+
+
+@pytest.mark.multiproc
+def test_divergence_stops_without_saving(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.train", "--config", CONFIG,
+                           *overrides("unused", "train.steps=10", "train.eval_interval=0",
+                                      "train.inject_nan_steps=[3,4,5]", "train.max_bad_steps=3",
+                                      "parallel.zero_stage=0", "checkpoint.save_interval=1", "checkpoint.keep_last=9",
+                                      f"train.out_dir={out}")],
+                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: step 5: 3 consecutive non-finite steps"), last
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert "global_step5" not in ckpts and (out / "checkpoints/latest").read_text() == "global_step4"
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=base_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_everywhere():
+    for cmd in (["-m", "leviathan_pretrain.train"], ["launchers/local.py"], ["-m", "leviathan_pretrain.demo"],
+                ["benchmarks/bench_train.py"]):
+        proc = run_cli(*cmd, "--help")
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (cmd, proc.stderr)
+    assert "exit codes" in run_cli("-m", "leviathan_pretrain.train", "--help").stdout
+
+
+def test_bad_config_is_one_line_naming_the_key():
+    proc = run_cli("-m", "leviathan_pretrain.train", "--config", CONFIG, "train.stepz=3")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "train.stepz" in proc.stderr
+
+
+@pytest.mark.multiproc
+def test_missing_shard_fails_before_training(tmp_path):
+    missing = str(tmp_path / "nope")
+    proc = run_cli("-m", "leviathan_pretrain.train", "--config", CONFIG,
+                   *overrides("unused", f"data.prefixes=[{missing}]", f"train.out_dir={tmp_path / 'o'}"), timeout=240)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"error: data shard {missing}: {missing}.idx does not exist"
+    assert not (tmp_path / "o" / "train_log.jsonl").exists()

@@ -1,0 +1,132 @@
+"""Shared helpers of the trainer tests: a tiny model, synthetic shards, bundled launches with cached results.
+
+Each multi-process launch runs several trainings (``tests/workers/train_runs.py``) and is run once per
+pytest session (``functools.cache``): the trajectory, resume, NaN and TensorBoard tests read the same runs.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.multiproc import REPO, base_env, run_ranks
+
+CONFIG = str(REPO / "configs" / "tiny-cpu-lev.yaml")
+# The tiny-cpu config, shrunk further so that a 60-step run takes seconds on 2 cores.
+TINY = ["model.vocab_size=512", "model.hidden_size=64", "model.num_layers=2", "model.num_attention_heads=4",
+        "model.seq_length=64", "model.lev.seed_dim=16", "model.lev.heads=4", "model.lev.rank=8",
+        "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=10", "train.eval_iters=2",
+        "data.split=90,8,2", "logging.log_interval=5", "optim.lr=3e-3", "optim.min_lr=3e-4",
+        "optim.warmup_steps=2", "parallel.device=cpu", "parallel.precision=fp32", "checkpoint.save_interval=10",
+        "checkpoint.keep_last=2"]
+
+
+@functools.cache
+def workdir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="lev-train-tests-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
+
+
+@functools.cache
+def shard() -> str:
+    """One synthetic shard (200 documents, ~32k tokens, vocab 512, with counts.npy)."""
+    prefix = str(workdir() / "data" / "synth")
+    subprocess.run([sys.executable, str(REPO / "tests/workers/train_data.py"), prefix], check=True, cwd=REPO,
+                   env=base_env(), capture_output=True, timeout=120)
+    return prefix
+
+
+def overrides(name: str, *extra: str) -> list[str]:
+    return TINY + [f"data.prefixes=[{shard()}]", f"train.out_dir={workdir() / name}", *extra]
+
+
+def spec(name: str, *extra: str) -> dict:
+    return {"name": name, "config": CONFIG, "overrides": overrides(name, *extra)}
+
+
+def launch(tag: str, specs: list[dict], nprocs: int, timeout: float = 300) -> dict:
+    """Run ``specs`` in one launch; returns {run name: {rank: exit code}} and the per-rank outputs.
+
+    Every rank must exit 0 and report a result for every run (a failure shows all ranks' output)."""
+    path = workdir() / f"{tag}.json"
+    path.write_text(json.dumps(specs))
+    results = run_ranks(["tests/workers/train_runs.py", str(path)], nprocs=nprocs, timeout=timeout)
+    codes: dict = {}
+    for r in results:
+        for line in r.output.splitlines():
+            if line.startswith("RESULT "):
+                rec = json.loads(line[len("RESULT "):])
+                codes.setdefault(rec["name"], {})[rec["rank"]] = rec.get("code")
+    outputs = "\n".join(f"--- rank {r.rank} ---\n{r.output[-4000:]}" for r in results)
+    for s in specs:
+        assert len(codes.get(s["name"], {})) == nprocs, f"run {s['name']} reported no result on every rank\n{outputs}"
+    return {"codes": codes, "outputs": {r.rank: r.output for r in results}}
+
+
+def records(name: str) -> list[dict]:
+    path = workdir() / name / "train_log.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def losses(name: str) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records(name) if "loss" in r}
+
+
+def events(name: str, what: str) -> list[dict]:
+    return [r for r in records(name) if r.get("event") == what]
+
+
+# ---- the bundled launches (each once per session) ----
+# Every trajectory run uses the 60-step schedule and stops at step 20 (train.exit_at_step), so its first
+# 20 losses are comparable with the first 20 of the uninterrupted 60-step runs.
+TRAJ = ("train.steps=60", "train.exit_at_step=20")
+FULL = ("train.steps=60",)
+
+
+@functools.cache
+def single_process_runs() -> dict:
+    return launch("single", [
+        spec("ref", *TRAJ, "parallel.zero_stage=0"),
+        spec("ref_pipe", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true"),
+        spec("ref_pipe_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true", "model.variant=tied"),
+        spec("nan_skip", "train.steps=8", "train.eval_interval=0", "train.inject_nan_steps=[3,4]",
+             "train.max_bad_steps=3", "parallel.zero_stage=0", "logging.log_interval=1",
+             "checkpoint.save_interval=1", "checkpoint.keep_last=8"),
+    ], nprocs=1)
+
+
+@functools.cache
+def dp_tp_runs() -> dict:
+    return launch("dp_tp", [
+        spec("dp2_z1", *TRAJ, "parallel.zero_stage=1"),
+        spec("dp2_z2_full", *FULL, "parallel.zero_stage=2"),
+        spec("dp2_z2_part", *FULL, "parallel.zero_stage=2", "train.exit_at_step=30"),
+        spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=2", "logging.log_interval=1"),
+        spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "train.inject_nan_steps=[3]",
+             "train.inject_nan_rank=1", "parallel.zero_stage=1"),
+        spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
+    ], nprocs=2)
+
+
+@functools.cache
+def pipe_runs() -> dict:
+    dp_tp_runs()      # resumes the interrupted ZeRO-2 run in a fresh launch
+    return launch("pipe", [
+        spec("dp2_z2_part", *FULL, "parallel.zero_stage=2"),
+        spec("pp2_full", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"),
+        spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "train.exit_at_step=30"),
+        spec("pp2_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "model.variant=tied"),
+    ], nprocs=2)
+
+
+@functools.cache
+def pipe_resume_runs() -> dict:
+    pipe_runs()
+    return launch("pipe_resume", [spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2")],
+                  nprocs=2)
