@@ -138,6 +138,7 @@ class FileTokenizer:
         self._set_stats: dict = {}
         self._no_tokens = 0
         self._raw_seen = 0
+        self._open_len = 0
         q: queue.Queue = queue.Queue(maxsize=self.workers + 1)
         stop = threading.Event()
         th = threading.Thread(target=_reader_thread, args=(reader, q, stop, self.chunk_bytes), name="data_prep-reader",
@@ -202,8 +203,38 @@ class FileTokenizer:
                                                  self.tok.vocab_size)
         return w
 
+    def _write_pieces(self, batch, arrs) -> None:
+        """A run of pieces of one long document: tokens go straight to the shard, so memory stays
+        bounded by the batch; the length is recorded after the last run."""
+        sid = batch.set_ids[0]
+        name = self._reader.set_names[sid]
+        w = self._writer_for(name if self.split_by_set else None)
+        tokens = np.concatenate(arrs) if arrs else np.zeros(0, np.int32)
+        if batch.last_piece:
+            tokens = np.concatenate([tokens, self._eod])
+        w.add_partial(tokens)
+        self._open_len += len(tokens)
+        if self.progress is not None:
+            raw = self._reader.stats.bytes
+            self.progress.update(1 if batch.last_piece else 0, len(tokens), batch.nbytes, raw - self._raw_seen)
+            self._raw_seen = raw
+        if not batch.last_piece:
+            return
+        length, self._open_len = self._open_len, 0
+        if length == 1:              # encoded to nothing: the EOD just written is the only token
+            raise RuntimeError("a long document encoded to no tokens")     # cannot happen: it has text
+        w.end_document(length, batch.doc_bytes[0])
+        key = NO_SET if name is None else name
+        s = self._set_stats.setdefault(key, {"documents": 0, "tokens": 0, "text_bytes": 0})
+        s["documents"] += 1
+        s["tokens"] += length
+        s["text_bytes"] += batch.doc_bytes[0]
+
     def _write(self, batch, fut) -> None:
         arrs = fut.result()                               # one int32 array per unit, no EOD yet
+        if batch.last_piece is not None:
+            self._write_pieces(batch, arrs)
+            return
         unit_len = np.fromiter(map(len, arrs), dtype=np.int64, count=len(arrs))
         if batch.pieces is None:
             first = None

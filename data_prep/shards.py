@@ -155,6 +155,18 @@ class ShardWriter:
         self.tokens += int(tokens.size)
         self.text_bytes += text_bytes
 
+    def add_partial(self, tokens: np.ndarray) -> None:
+        """Append tokens of a document still being written (see :meth:`end_document`)."""
+        self.counts += np.bincount(tokens, minlength=self.vocab_size)
+        tokens.astype(self.dtype, copy=False).tofile(self._bin)
+        self.tokens += int(tokens.size)
+
+    def end_document(self, length: int, text_bytes: int) -> None:
+        """Close a document written with :meth:`add_partial`: ``length`` tokens in total (> 0)."""
+        np.array([length], dtype="<i4").tofile(self._lens)
+        self.documents += 1
+        self.text_bytes += text_bytes
+
     def finish(self) -> dict:
         for f in (self._bin, self._lens):
             f.flush()

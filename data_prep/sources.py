@@ -122,7 +122,9 @@ class Batch:
     pieces: list | None   # units per document (None: one unit each)
     doc_bytes: list       # UTF-8 size of each document
     set_ids: list         # index into FileReader.set_names, one per document
-    nbytes: int           # sum of doc_bytes
+    nbytes: int           # sum of doc_bytes (of the units, for a piece batch)
+    last_piece: bool | None = None   # None: whole documents; else a run of pieces of ONE long
+                                     # document (doc_bytes/set_ids hold it), True for its last run
 
 
 def split_after_newlines(doc: bytes, target: int) -> list:
@@ -361,7 +363,8 @@ class FileReader:
 
     def batches(self, chunk_bytes: int = 0):
         """Yield batches; with ``chunk_bytes`` > 0, documents longer than twice that are cut into
-        newline-ended pieces (see pipeline.Tokenizer.chunk_safe for when that is exact)."""
+        newline-ended pieces (see pipeline.Tokenizer.chunk_safe for when that is exact), and a
+        document longer than a batch becomes several piece batches, encoded in parallel."""
         docs_iter = self._jsonl_docs() if self.fmt == "jsonl" else self._text_docs()
         units, pieces, sizes, sids, nbytes = [], [], [], [], 0
         split = chunk_bytes > 0
@@ -371,6 +374,12 @@ class FileReader:
             n = len(doc)
             if split and n > limit:
                 parts = split_after_newlines(doc, chunk_bytes)
+                if n > self.batch_bytes and len(parts) > 1:
+                    if units:
+                        yield self._batch(units, pieces, sizes, sids, nbytes)
+                        units, pieces, sizes, sids, nbytes = [], [], [], [], 0
+                    yield from self._piece_batches(parts, n, set_id(name))
+                    continue
                 units.extend(parts)
                 pieces.append(len(parts))
             else:
@@ -380,9 +389,21 @@ class FileReader:
             sids.append(set_id(name))
             nbytes += n
             if nbytes >= self.batch_bytes or len(units) >= self.max_batch_docs:
-                self.stats.documents += len(sizes)
-                yield Batch(units, pieces if len(pieces) != len(units) else None, sizes, sids, nbytes)
+                yield self._batch(units, pieces, sizes, sids, nbytes)
                 units, pieces, sizes, sids, nbytes = [], [], [], [], 0
         if units:
-            self.stats.documents += len(sizes)
-            yield Batch(units, pieces if len(pieces) != len(units) else None, sizes, sids, nbytes)
+            yield self._batch(units, pieces, sizes, sids, nbytes)
+
+    def _batch(self, units, pieces, sizes, sids, nbytes) -> Batch:
+        self.stats.documents += len(sizes)
+        return Batch(units, pieces if len(pieces) != len(units) else None, sizes, sids, nbytes)
+
+    def _piece_batches(self, parts: list, n: int, sid: int):
+        self.stats.documents += 1
+        run, run_bytes = [], 0
+        for i, p in enumerate(parts):
+            run.append(p)
+            run_bytes += len(p)
+            if run_bytes >= self.batch_bytes or i == len(parts) - 1:
+                yield Batch(run, None, [n], [sid], run_bytes, last_piece=i == len(parts) - 1)
+                run, run_bytes = [], 0
