@@ -25,8 +25,20 @@ def set_log_prefix(prefix: str) -> None:
     _PREFIX = prefix
 
 
+_BAR = None          # an active tqdm bar: log lines are printed above it
+
+
+def set_active_bar(bar) -> None:
+    global _BAR
+    _BAR = bar
+
+
 def log(msg: str) -> None:
-    print(f"[{_PREFIX}] {msg}", file=sys.stderr, flush=True)
+    line = f"[{_PREFIX}] {msg}"
+    if _BAR is not None:
+        _BAR.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def run_main(main, argv=None) -> int:

@@ -98,7 +98,7 @@ def summarize(items) -> str:
 
 
 def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, install=False,
-          quiet=False) -> dict:
+          quiet=False, max_bytes=None) -> dict:
     """Write the corpus; returns {"train": [paths], "val": path, "test": path}."""
     sources = tuple(sources)
     for s in sources:
@@ -118,6 +118,14 @@ def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, i
     if not docs:
         raise UserError("no documents found")
     random.Random(seed).shuffle(docs)
+    if max_bytes:
+        kept, total = [], 0
+        for d in docs:
+            if total >= max_bytes:
+                break
+            kept.append(d)
+            total += len(d[1].encode("utf-8"))
+        docs = kept
     n_val = max(1, int(len(docs) * val_fraction))
     train = docs[2 * n_val:]
     splits = {"val": docs[:n_val], "test": docs[n_val:2 * n_val]}
@@ -149,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--val-fraction", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-shards", type=int, default=1, help="split train into this many files")
+    ap.add_argument("--max-mb", type=float, help="stop after about this much text (after shuffling)")
     ap.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
@@ -157,7 +166,7 @@ def main(argv=None) -> int:
             raise UserError(f"output directory is not empty: {out} (pass --force to replace it)")
         shutil.rmtree(out)
     build(out, [s.strip() for s in args.sources.split(",") if s.strip()], args.val_fraction, args.seed,
-          args.train_shards, args.install)
+          args.train_shards, args.install, max_bytes=int(args.max_mb * 1e6) if args.max_mb else None)
     return 0
 
 

@@ -1,10 +1,11 @@
 """Progress: a tqdm bar (documents, tokens/s, MB/s) on a terminal, plain periodic log lines otherwise."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from data_prep.cli import human_bytes, human_count, log
+from data_prep.cli import human_bytes, human_count, log, set_active_bar
 
 
 class Progress:
@@ -21,8 +22,14 @@ class Progress:
         self._bar = None
         if enabled and not force_plain and sys.stderr.isatty():
             from tqdm import tqdm
+            try:
+                cols = os.get_terminal_size(sys.stderr.fileno()).columns
+            except OSError:
+                cols = 0
+            width = {"dynamic_ncols": True} if cols > 0 else {"ncols": 110, "nrows": 20}   # 0x0 pty
             self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1000,
-                             desc=label, dynamic_ncols=True, smoothing=0.1, file=sys.stderr)
+                             desc=label, smoothing=0.1, file=sys.stderr, **width)
+            set_active_bar(self._bar)
 
     def rates(self) -> tuple[float, float]:
         dt = max(time.monotonic() - self.t0, 1e-9)
@@ -51,3 +58,4 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+            set_active_bar(None)

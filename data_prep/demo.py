@@ -1,0 +1,120 @@
+"""The demo: a small real corpus -> a SentencePiece tokenizer -> megatron-core train/val shards.
+
+  python -m data_prep.demo --out runs/demo        (what ``make demo`` runs)
+
+The corpus is the Python standard library's own .py sources as the Pile's "Github" set, written in
+the Pile's jsonl.zst format, so it exists on any machine with Python (no extra packages). Steps whose
+outputs already exist are reused (``--force`` starts over). Each step prints its paths, documents,
+tokens and time. ``run_demo()`` returns the paths, so a later stage (training) appends steps to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from data_prep.cli import UserError, human_bytes, run_main
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def step_corpus(out: Path, max_mb: float | None) -> dict:
+    from data_prep import make_corpus
+    corpus = out / "corpus"
+    paths = {"train": [str(corpus / "train" / "00.jsonl.zst")], "val": str(corpus / "val.jsonl.zst"),
+             "test": str(corpus / "test.jsonl.zst")}
+    t = time.monotonic()
+    if all(os.path.exists(p) for p in (*paths["train"], paths["val"], paths["test"])):
+        _say(f"1/3 corpus: reusing {corpus}")
+        return paths
+    tmp = out / "corpus.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    made = make_corpus.build(tmp, sources=["github"], val_fraction=0.02, quiet=True,
+                             max_bytes=int(max_mb * 1e6) if max_mb else None)
+    shutil.rmtree(corpus, ignore_errors=True)
+    os.replace(tmp, corpus)
+    sizes = {k: os.path.getsize(str(v[0] if isinstance(v, list) else v).replace(str(tmp), str(corpus)))
+             for k, v in made.items()}
+    _say(f"1/3 corpus: the standard library's .py files as Pile 'Github' documents -> {corpus}/ "
+         f"(train {human_bytes(sizes['train'])}, val {human_bytes(sizes['val'])} compressed) "
+         f"in {time.monotonic() - t:.1f} s")
+    return paths
+
+
+def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float) -> str:
+    from data_prep import train_tokenizer
+    model = out / "tokenizer" / "tokenizer.model"
+    if model.exists():
+        _say(f"2/3 tokenizer: reusing {model}")
+        return str(model)
+    t = time.monotonic()
+    train_tokenizer.main(["--input", *corpus["train"], "--vocab-size", str(vocab_size), "--sample-bytes",
+                          str(sample_mb), "--output", str(model.parent), "--overwrite"])
+    meta = json.loads((model.parent / "tokenizer_meta.json").read_text())
+    _say(f"2/3 tokenizer: BPE, {meta['vocab_size']:,} pieces, EOD id {meta['eod_id']}, trained on "
+         f"{meta['sample']['documents']:,} documents ({human_bytes(meta['sample']['bytes'])}) -> {model} "
+         f"in {time.monotonic() - t:.1f} s")
+    return str(model)
+
+
+def step_shards(out: Path, corpus: dict, model: str, workers: int | None) -> dict:
+    from data_prep import tokenize
+    prefixes = {"train": str(out / "data" / "train"), "val": str(out / "data" / "val")}
+    for i, (split, prefix) in enumerate(prefixes.items()):
+        inputs = corpus["train"] if split == "train" else [corpus["val"]]
+        if os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".manifest.json"):
+            _say(f"3/3 shards: reusing {prefix}.bin/.idx")
+            continue
+        t = time.monotonic()
+        args = ["--input", *inputs, "--tokenizer", model, "--output-prefix", prefix, "--overwrite"]
+        if workers:
+            args += ["--workers", str(workers)]
+        if tokenize.main(args) != 0:
+            raise UserError(f"tokenizing {split} failed")
+        m = json.loads(Path(prefix + ".manifest.json").read_text())
+        _say(f"3/3 shards: {split}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}) "
+             f"-> {prefix}.bin/.idx/.counts.npy/.manifest.json in {time.monotonic() - t:.1f} s")
+    return prefixes
+
+
+def run_demo(out, *, vocab_size: int = 8000, sample_mb: float = 8.0, max_mb: float | None = None,
+             workers: int | None = None, force: bool = False) -> dict:
+    """Run the data steps; returns ``{"out", "corpus", "tokenizer", "train_prefix", "val_prefix"}``."""
+    out = Path(out)
+    if force:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    corpus = step_corpus(out, max_mb)
+    model = step_tokenizer(out, corpus, vocab_size, sample_mb)
+    prefixes = step_shards(out, corpus, model, workers)
+    result = {"out": str(out), "corpus": corpus, "tokenizer": model, "train_prefix": prefixes["train"],
+              "val_prefix": prefixes["val"]}
+    _say(f"done in {time.monotonic() - t0:.1f} s: tokenizer {model}, train {prefixes['train']}, "
+         f"val {prefixes['val']}")
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m data_prep.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    ap.add_argument("--vocab-size", type=int, default=8000)
+    ap.add_argument("--sample-mb", type=float, default=8.0, help="tokenizer training sample (MB)")
+    ap.add_argument("--max-mb", type=float, help="cap the corpus at about this much text")
+    ap.add_argument("--workers", type=int, help="tokenizer threads (default: usable cores)")
+    ap.add_argument("--force", action="store_true", help="delete OUT and start over")
+    args = ap.parse_args(argv)
+    run_demo(args.out, vocab_size=args.vocab_size, sample_mb=args.sample_mb, max_mb=args.max_mb,
+             workers=args.workers, force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
