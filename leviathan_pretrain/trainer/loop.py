@@ -152,6 +152,9 @@ def run(cfg: Config) -> int:
     metrics = Metrics(out_dir, (Path(cfg.logging.tensorboard_dir or out_dir / "tensorboard")
                                 if cfg.logging.tensorboard else None), lay.writer, step,
                       cfg.logging.log_interval, steps)
+    metrics.record({"step": step, "event": "layout", "world": lay.world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+                    "gas": lay.gas, "zero_stage": cfg.parallel.zero_stage, "precision": cfg.parallel.precision,
+                    "device": denv.device.type})
     if latest is not None:
         metrics.event(step, "resumed", tag=latest, consumed_samples=consumed)
     elif lay.writer:
@@ -190,9 +193,11 @@ def run(cfg: Config) -> int:
             step += 1
             lr = lr_at(step - 1, cfg.optim, steps)
             eng.set_lr(lr)
+            t_step = time.perf_counter()
             mbs = train_batches.global_batch(consumed) if train_batches is not None else None
             eng.nan_next = step in t.inject_nan_steps and t.inject_nan_rank in (None, lay.rank)
             loss, applied = eng.train_step(mbs)
+            t_step = time.perf_counter() - t_step
             eng.nan_next = False
             consumed += t.global_batch_size
             gnorm = eng.grad_norm()
@@ -203,7 +208,8 @@ def run(cfg: Config) -> int:
                 metrics.event(step, "diverged", error=str(e))
                 raise
             rec = {"loss": loss, "lr": lr, "grad_norm": gnorm if gnorm is None or math.isfinite(gnorm) else None,
-                   "skipped": not applied, "skipped_total": bad.total, "consumed_samples": consumed}
+                   "skipped": not applied, "skipped_total": bad.total, "consumed_samples": consumed,
+                   "step_time_s": t_step}
             extra = None
             if step % cfg.logging.log_interval == 0 or step == steps:
                 dt = (time.perf_counter() - interval_t) / interval_steps

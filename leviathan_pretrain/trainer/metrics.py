@@ -11,7 +11,8 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
   ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
 - every validation: ``valid/loss``, ``valid/perplexity``
 
-``train_log.jsonl`` (in ``train.out_dir``) gets one JSON record per step with the exact float loss, plus
+``train_log.jsonl`` (in ``train.out_dir``) gets one JSON record per step with the exact float loss (and the
+step's wall time, ``step_time_s``, which ``benchmarks/bench_train.py --summarize`` reads), plus
 ``valid`` and ``event`` records; it is what tests and scripts read. On resume, records after the resumed
 step are dropped (and TensorBoard purges them via ``purge_step``), so each step appears once.
 """

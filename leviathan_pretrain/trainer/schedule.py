@@ -35,10 +35,3 @@ def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
     from leviathan_pretrain.model import weight_decay_groups
     groups = weight_decay_groups(module, cfg.optim.weight_decay, cfg.optim.decay_lev_codebooks)
     return [g for g in groups if g["params"]]
-
-
-def build_optimizer(module: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    o = cfg.optim
-    kw = {"fused": True} if device.type == "cuda" else {"foreach": False}
-    return torch.optim.AdamW(param_groups(module, cfg), lr=lr_at(0, o, cfg.train.steps),
-                             betas=(o.beta1, o.beta2), eps=o.eps, **kw)

@@ -1,0 +1,53 @@
+"""launchers/local.py: rank variables, failure of one rank stops the rest, exit code propagation, and the
+GPU check script's CPU dry mode (benchmarks/gpu_check.sh --dry)."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.multiproc import REPO, base_env
+
+CHILD = ("import os, sys, time; r = int(os.environ['RANK']); "
+         "print('RANKVARS', r, os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], os.environ['MASTER_PORT'], flush=True); "
+         "sys.exit(int(sys.argv[1])) if r == 1 else time.sleep(float(sys.argv[2]))")
+
+
+def launch(*args, timeout=60):
+    return subprocess.run([sys.executable, "launchers/local.py", *args], cwd=REPO, env=base_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_rank_variables_and_success():
+    proc = launch("-n", "3", "--", "-c", CHILD, "0", "0")
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RANKVARS"))
+    assert [line[:3] for line in lines] == [["0", "3", "0"], ["1", "3", "1"], ["2", "3", "2"]]
+    assert len({line[3] for line in lines}) == 1
+
+
+def test_failed_rank_stops_the_others_and_its_code_is_returned():
+    t0 = time.monotonic()
+    proc = launch("-n", "2", "--grace", "1", "--", "-c", CHILD, "5", "120")
+    assert proc.returncode == 5
+    assert time.monotonic() - t0 < 30
+    assert "rank 1 exited with code 5" in proc.stderr
+
+
+def test_nothing_to_run_is_a_usage_error():
+    proc = launch("-n", "2")
+    assert proc.returncode == 2 and "nothing to run" in proc.stderr
+
+
+@pytest.mark.multiproc
+def test_gpu_check_dry_run(tmp_path):
+    """The GPU check's own steps (synthetic shard, bf16 training of TIED and LEV, the summary) on CPU."""
+    env = base_env({"OUT": str(tmp_path / "gc"), "STEPS": "4"})
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines() if line.startswith(str(tmp_path))}
+    assert set(rows) == {"tied", "lev"}
+    assert all(float(r[2].replace(",", "")) > 0 and r[4].endswith("%") for r in rows.values())
+    assert "LEV/TIED tokens/s:" in proc.stdout
+    assert "bf16" in proc.stdout
