@@ -112,3 +112,12 @@ def test_blend_batches_are_deterministic_and_partition_the_global_batch(tmp_path
     assert all((x["tokens"] == y["tokens"]).all() for x, y in zip(one.global_batch(8), again))
     mb = one.global_batch(0)[0]
     assert mb["tokens"].shape == (2, 64) and (mb["labels"][:, :-1] == mb["tokens"][:, 1:]).all()
+
+
+def test_shard_from_another_tokenizer_is_refused(tmp_path, tokenizer_model):
+    p = copy_shard(tmp_path)
+    (tmp_path / "s.manifest.json").write_text(json.dumps({"tokenizer": {"sha256": "0" * 64, "vocab_size": 512},
+                                                          "eod_id": 0}))
+    cfg = cfg_for(tmp_path, [p], f"data.tokenizer={tokenizer_model}", "model.vocab_size=8000")
+    with pytest.raises(ShardError, match=rf"data shard {p}: tokenized with another tokenizer \(sha256 000000000000"):
+        check_data(cfg)

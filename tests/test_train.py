@@ -121,3 +121,26 @@ def test_missing_shard_fails_before_training(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"error: data shard {missing}: {missing}.idx does not exist"
     assert not (tmp_path / "o" / "train_log.jsonl").exists()
+
+
+@pytest.mark.multiproc
+def test_real_shards_tp2_with_held_out_set(tmp_path, minipile_shards, tokenizer_model):
+    """data_prep's real shards (8k SentencePiece, counts + manifest) through the launcher at TP=2, with the
+    held-out set as data.valid_prefixes; the tokenizer checksum lands in the checkpoint."""
+    import hashlib
+    import json
+    out = tmp_path / "run"
+    over = [o for o in overrides("unused") if not o.startswith(("data.prefixes", "model.vocab_size", "data.split"))]
+    proc = subprocess.run([sys.executable, "launchers/local.py", "-n", "2", "--", "-m", "leviathan_pretrain.train",
+                           "--config", CONFIG, *over, "model.vocab_size=8000", f"data.prefixes=[{minipile_shards['train']}]",
+                           f"data.valid_prefixes=[{minipile_shards['val']}]", f"data.tokenizer={tokenizer_model}",
+                           "parallel.tensor_parallel=2", "train.steps=8", "train.eval_interval=4", "train.eval_iters=1",
+                           f"train.out_dir={out}"],
+                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    loss = [r["loss"] for r in recs if "loss" in r]
+    assert len(loss) == 8 and all(math.isfinite(x) for x in loss) and loss[-1] < loss[0] - 0.3
+    assert [r["step"] for r in recs if "valid_loss" in r] == [4, 8]
+    meta = json.loads((out / "checkpoints/global_step8/leviathan.json").read_text())
+    assert meta["tokenizer_sha256"] == hashlib.sha256(tokenizer_model.read_bytes()).hexdigest()
