@@ -207,6 +207,8 @@ def finalize(job: Job, metas: list, t_start: float) -> dict:
         "skipped": _sum_dicts(m["skipped"] for m in metas),
         "filtered_sets": _sum_dicts(m["filtered_sets"] for m in metas),
         "skipped_examples": examples,
+        "documents_with_u2581": sum(m.get("u2581_docs", 0) for m in metas),
+        "u2581_note": "SentencePiece decodes U+2581 as a space: these documents do not decode back exactly",
         "inputs": [{k: m[k] for k in ("path", "bytes", "sha256", "records", "documents", "tokens",
                                       "text_bytes", "skipped", "filtered_sets", "reused", "elapsed_s")}
                    for m in metas],

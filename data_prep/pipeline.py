@@ -186,6 +186,7 @@ class FileTokenizer:
             "shards": {("" if k is None else k): v for k, v in shards.items()} if not self.split_by_set
             else {(NO_SET if k is None else k): v for k, v in shards.items()},
             "skipped": dict(st.skipped), "filtered_sets": dict(st.filtered), "skipped_examples": st.examples,
+            "u2581_docs": st.u2581_docs,
             "elapsed_s": round(time.monotonic() - t0, 3),
         }
 

@@ -47,6 +47,7 @@ SKIP_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_k
                 "empty_text", "whitespace_only", "blank_line", "no_tokens")
 EXAMPLES_PER_REASON = 5
 NO_SET = "(none)"            # set name reported for records without meta.pile_set_name
+U2581 = "\u2581".encode()   # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -150,6 +151,7 @@ class FileStats:
     skipped: Counter = field(default_factory=Counter)
     filtered: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
+    u2581_docs: int = 0                     # documents containing U+2581 (decodes as a space)
 
 
 class FileReader:
@@ -312,7 +314,10 @@ class FileReader:
             if text.isspace():
                 self._skip("whitespace_only")
                 continue
-            yield text.encode("utf-8"), name
+            doc = text.encode("utf-8")
+            if U2581 in doc:
+                self.stats.u2581_docs += 1
+            yield doc, name
 
     def _text_docs(self):
         if self.text_unit == "file":
@@ -342,6 +347,8 @@ class FileReader:
             if text.isspace():
                 self._skip("whitespace_only")
                 continue
+            if U2581 in raw:
+                self.stats.u2581_docs += 1
             yield raw, None
 
     def _paragraphs(self):

@@ -87,3 +87,14 @@ def test_plain_text_inputs(unit, expected, tokenizer_model, run_cli, tmp_path):
     assert m["skipped"].get("invalid_utf8") == 1
     if unit == "line":
         assert m["skipped"] == {"empty_text": 2, "invalid_utf8": 1, "whitespace_only": 1}
+
+
+def test_documents_with_u2581_are_counted(tokenizer_model, run_cli, tmp_path):
+    """U+2581 is SentencePiece's space marker and decodes as a space: the one text that cannot round-trip.
+    It is kept (the model still sees sensible tokens) and counted in the manifest."""
+    src = tmp_path / "u.jsonl"
+    src.write_text(json.dumps({"text": "plain"}) + "\n" + json.dumps({"text": "a\u2581b"}) + "\n")
+    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", tmp_path / "o")
+    m = json.load(open(tmp_path / "o.manifest.json"))
+    assert m["documents"] == 2 and m["documents_with_u2581"] == 1
+    assert _texts(tmp_path / "o", tokenizer_model) == ["plain", "a b"]
