@@ -141,8 +141,8 @@ class FileTokenizer:
         self._open_len = 0
         q: queue.Queue = queue.Queue(maxsize=self.workers + 1)
         stop = threading.Event()
-        th = threading.Thread(target=_reader_thread, args=(reader, q, stop, self.chunk_bytes), name="data_prep-reader",
-                              daemon=True)
+        th = threading.Thread(target=_reader_thread, args=(reader, q, stop, self.chunk_bytes),
+                              name="data_prep-reader", daemon=True)
         th.start()
         try:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="data_prep-encode") as ex:

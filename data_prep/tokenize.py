@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work-dir", help="partial shards for resuming (default: PREFIX.work)")
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir after success")
     ap.add_argument("--batch-bytes", type=float, default=4.0, metavar="MB",
-                    help="text per encoder batch in MB (default 4); memory ~ 3 x workers x this")
+                    help="text per encoder batch in MB (default 4); peak memory is about "
+                         "100 MB + 6 x workers x this, whatever the corpus size")
     ap.add_argument("--chunk-bytes", type=int, default=8192,
                     help="encode documents longer than 2x this in newline-ended pieces of ~this size "
                          "(SentencePiece is several times slower per byte on long strings); used only "
