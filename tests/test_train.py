@@ -43,6 +43,13 @@ def test_dp_zero_and_tp_match_single_process(name):
 
 
 @pytest.mark.multiproc
+def test_batch_sizes_must_fit_the_data_parallel_size():
+    errors = dp_tp_runs()["errors"]["bad_batch"]
+    assert errors == {r: "ConfigError: train.global_batch_size: 6 is not a multiple of train.micro_batch_size x "
+                         "data-parallel size = 2 x 2" for r in (0, 1)}
+
+
+@pytest.mark.multiproc
 @pytest.mark.parametrize("name, ref", [("pp2_full", "ref_pipe"), ("pp2_tied", "ref_pipe_tied")])
 def test_pipeline_parallel_matches_single_process(name, ref):
     """PP=2 (DeepSpeed PipelineModule, 2 stages; TIED: embedding and head tied across stages with
@@ -92,6 +99,34 @@ def test_divergence_stops_without_saving(tmp_path):
     assert last.startswith("error: step 5: 3 consecutive non-finite steps"), last
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert "global_step5" not in ckpts and (out / "checkpoints/latest").read_text() == "global_step4"
+
+
+def test_lr_schedule_warmup_cosine_floor():
+    from leviathan_pretrain.config import OptimConfig
+    from leviathan_pretrain.trainer.schedule import lr_at
+    o = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert [lr_at(s, o, 110) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])      # linear warmup
+    assert lr_at(60, o, 110) == pytest.approx(0.55)                                      # cosine midpoint
+    assert lr_at(110, o, 110) == pytest.approx(0.1) and lr_at(500, o, 110) == pytest.approx(0.1)  # floor
+    assert all(lr_at(s, o, 110) >= lr_at(s + 1, o, 110) for s in range(9, 120))
+    lin = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0, decay_style="linear", decay_steps=50)
+    assert lr_at(25, lin, 1000) == pytest.approx(0.5)
+
+
+def test_stage0_optimizer_clips_and_skips_non_finite():
+    """ZeRO 0 in fp32 (DeepSpeed hands grads straight to the optimizer): clip to the global norm, skip NaN."""
+    from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = AdamWSkipNonFinite([w], clip_grad=1.0, lr=0.1, foreach=False)
+    w.grad = torch.full((4,), 5.0)                      # norm 10
+    opt.step()
+    assert not opt.overflow and opt._global_grad_norm == pytest.approx(10.0)
+    assert w.grad.norm().item() == pytest.approx(1.0, rel=1e-4) and (w.data < 1).all()
+    before = w.data.clone()
+    w.grad = torch.tensor([1.0, float("nan"), 0.0, 0.0])
+    opt.step()
+    assert opt.overflow and torch.equal(w.data, before) and w.grad is None
+    assert opt.state[w]["step"].item() == 1                # the skipped step left Adam's state alone
 
 
 def run_cli(*args, timeout=120):

@@ -102,14 +102,15 @@ class AdamWSkipNonFinite(torch.optim.AdamW):
     def grad_norm(self) -> float:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        parallel = ps.model_parallel_is_initialized()
         grads = [p.grad for g in self.param_groups for p in g["params"]
                  if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
-                 and param_is_not_tensor_parallel_duplicate(p)]
+                 and (not parallel or param_is_not_tensor_parallel_duplicate(p))]
         dev = grads[0].device if grads else torch.device("cpu")
         sq = torch.zeros(1, dtype=torch.float64, device=dev)
         for grad in grads:
             sq += grad.detach().double().pow(2).sum()
-        if ps.model_parallel_is_initialized() and dist.is_initialized():
+        if parallel and dist.is_initialized():
             dist.all_reduce(sq, group=ps.get_model_parallel_group())
         return float(sq.sqrt().item())
 

@@ -113,6 +113,14 @@ def lev_stats(cfg: Config, eng, lay: Layout) -> dict:
 
 
 def run(cfg: Config) -> int:
+    signals = StopSignals().install()     # from the start: a preemption during set-up stops after step 1
+    try:
+        return _run(cfg, signals)
+    finally:
+        signals.uninstall()
+
+
+def _run(cfg: Config, signals: StopSignals) -> int:
     from leviathan_pretrain.parallel import init_distributed, seed_everything
     denv = init_distributed(cfg.parallel, timeout_s=cfg.parallel.timeout_minutes * 60)
     lay = layout(cfg)
@@ -167,7 +175,6 @@ def run(cfg: Config) -> int:
         return EXIT_OK
 
     from leviathan_pretrain.model import model_flops_per_token
-    signals = StopSignals().install()
     bad = BadStepCounter(t.max_bad_steps, skipped_total)
     tokens_per_step = t.global_batch_size * cfg.model.seq_length
     interval_t, interval_steps = time.perf_counter(), 0
@@ -235,7 +242,6 @@ def run(cfg: Config) -> int:
                   flush=True)
         return EXIT_OK
     finally:
-        signals.uninstall()
         metrics.close()
         eng.ds.destroy()
 

@@ -58,15 +58,18 @@ def launch(tag: str, specs: list[dict], nprocs: int, timeout: float = 300) -> di
     path.write_text(json.dumps(specs))
     results = run_ranks(["tests/workers/train_runs.py", str(path)], nprocs=nprocs, timeout=timeout)
     codes: dict = {}
+    errors: dict = {}
     for r in results:
         for line in r.output.splitlines():
             if line.startswith("RESULT "):
                 rec = json.loads(line[len("RESULT "):])
                 codes.setdefault(rec["name"], {})[rec["rank"]] = rec.get("code")
+                if rec.get("error"):
+                    errors.setdefault(rec["name"], {})[rec["rank"]] = f"{rec['error']}: {rec['message']}"
     outputs = "\n".join(f"--- rank {r.rank} ---\n{r.output[-4000:]}" for r in results)
     for s in specs:
         assert len(codes.get(s["name"], {})) == nprocs, f"run {s['name']} reported no result on every rank\n{outputs}"
-    return {"codes": codes, "outputs": {r.rank: r.output for r in results}}
+    return {"codes": codes, "errors": errors, "outputs": {r.rank: r.output for r in results}}
 
 
 def records(name: str) -> list[dict]:
@@ -110,6 +113,7 @@ def dp_tp_runs() -> dict:
         spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=2", "logging.log_interval=1"),
         spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "train.inject_nan_steps=[3]",
              "train.inject_nan_rank=1", "parallel.zero_stage=1"),
+        spec("bad_batch", "train.global_batch_size=6", "train.micro_batch_size=2"),   # 6 % (2 x DP 2) != 0
         spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
     ], nprocs=2)
 

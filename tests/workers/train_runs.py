@@ -3,7 +3,8 @@
 ``python tests/workers/train_runs.py SPEC.json`` where SPEC is ``[{"name": ..., "config": path|null,
 "overrides": [...]}, ...]``. Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code
 behind ``python -m leviathan_pretrain.train``), printing ``RESULT {"name", "rank", "code"}`` per run;
-a run that raises records the error type and message instead (and the launch goes on).
+a run that raises records the error type and message instead; the launch goes on after the errors every
+rank raises alike (config, shard, checkpoint errors) and stops after any other (ranks may be out of step).
 """
 import json
 import os
@@ -31,7 +32,7 @@ def main(spec_path: str) -> None:
             traceback.print_exc()
         out["rank"] = dist.get_rank() if dist.is_initialized() else 0
         print("RESULT " + json.dumps(out), flush=True)
-        if out["code"] is None:
+        if out["code"] is None and out["error"] not in ("ConfigError", "ShardError", "CheckpointError"):
             # the other ranks may be waiting in a collective: stop this launch instead of hanging it
             sys.stdout.flush()
             os._exit(1)
