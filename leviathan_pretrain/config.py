@@ -31,7 +31,7 @@ class LEVConfig:
     spline_init_std: float = 0.1   # S = 1 + N(0, spline_init_std^2)
     out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
     token_chunk: int | None = None  # unique ids per chunk of the [ids, heads, d_seed, r] work; None -> auto
-    chunk_elements: int = 16_777_216  # auto chunk: at most this many elements per [ids, heads/tp, d_seed, r] block
+    chunk_elements: int = 4_194_304  # auto chunk: elements per [ids, heads/tp, d_seed, r] work block (16 MiB fp32)
     recompute: bool = True         # recompute chunk intermediates in backward instead of storing them
 
     def resolved_base(self, vocab_size: int) -> int:

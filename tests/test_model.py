@@ -150,7 +150,7 @@ def test_weight_decay_groups(world):
     decayed = {names[id(p)] for p in decay["params"]}
     skipped = {names[id(p)] for p in no_decay["params"]}
     assert "embedding.codebooks.weight" in skipped
-    assert {"embedding.splines", "embedding.ln_weight", "embedding.ln_bias"} <= skipped
+    assert {"embedding.spline_delta", "embedding.ln_weight", "embedding.ln_bias"} <= skipped
     assert "decoder.final_layernorm.weight" in skipped
     assert {"embedding.proj", "embedding.out_proj", "output_layer.weight"} <= decayed
     assert any("linear_qkv.weight" in n for n in decayed)

@@ -34,8 +34,9 @@ def test_tp2_equals_tp1(tp_results, variant):
 @pytest.mark.multiproc
 def test_tp_attributes_on_self_sharded_parameters(tp_results):
     attrs = tp_results[0]["lev"]["tp_attrs"]
-    assert all(attrs[n] for n in ("proj", "ln_weight", "ln_bias", "splines", "out_proj"))
+    assert all(attrs[n] for n in ("proj", "ln_weight", "ln_bias", "spline_delta", "out_proj"))
     assert attrs["codebooks.weight"] is False           # replicated: full gradient, counted once
+    assert tp_results[0]["lev"]["full_params"] == 0.0   # full_parameters() gathers the shards back exactly
     for v in ("flat_mlp", "factored_mlp"):
         a = tp_results[0][v]["tp_attrs"]
         assert a["fc1"] and a["fc2"] and not a["ln_weight"]

@@ -10,7 +10,7 @@ For the unique token ids ``i`` of a micro-batch::
 
 TP: ``z`` is computed on every rank and passed through ``copy_to_tensor_model_parallel_region`` (identity
 forward, all-reduce of its gradient: the replicated codebooks receive the full gradient); each rank runs
-``heads / tp`` heads (``proj``, ``ln_weight``, ``ln_bias``, ``splines``, ``out_proj`` are sharded along
+``heads / tp`` heads (``proj``, ``ln_weight``, ``ln_bias``, ``spline_delta``, ``out_proj`` are sharded along
 dim 0 and carry megatron-core's TP attributes) and the partial ``G`` is summed by
 :class:`~.inputs.UniqueIdInput` (``reduce_from_tensor_model_parallel_region``, or a reduce-scatter along the
 sequence with sequence parallelism).
@@ -40,8 +40,13 @@ class LEVInput(UniqueIdInput):
     """LEV: ``G(i)`` from digit codebooks, per-head spline products and projections (see module doc).
 
     Parameters (this rank): ``codebooks.weight [k, b, d_seed]`` (replicated, ``lev_codebook`` attribute),
-    ``proj [h/tp, d_seed, d_seed]``, ``ln_weight``/``ln_bias [h/tp, d_seed]``, ``splines [h/tp, d_seed,
-    kappa, r]``, ``out_proj [h/tp, r, D]``.
+    ``proj [h/tp, d_seed, d_seed]``, ``ln_weight``/``ln_bias [h/tp, d_seed]``, ``spline_delta [h/tp,
+    d_seed, kappa, r]``, ``out_proj [h/tp, r, D]``.
+
+    The spline values are stored as their offset from 1: ``S = 1 + spline_delta`` (property ``splines``),
+    ``spline_delta ~ N(0, 0.1^2)`` at init, i.e. the spec's ``S = 1 + N(0, 0.1^2)``. Same function and
+    gradients, but bf16 storage (DeepSpeed casts the module) keeps ~2^-8 of 0.1 instead of 2^-8 of 1: with
+    128 coordinates multiplied, rounding S itself to bf16 would perturb M by several percent.
     """
 
     def __init__(self, config, model_cfg):
@@ -60,10 +65,10 @@ class LEVInput(UniqueIdInput):
         self.proj = sharded_param([h, d, d], 0, normal_init(lev.init_std), dtype)
         self.ln_weight = sharded_param([h, d], 0, const_init(1.0), dtype)
         self.ln_bias = sharded_param([h, d], 0, const_init(0.0), dtype)
-        self.splines = sharded_param([h, d, K, r], 0, normal_init(lev.spline_init_std, mean=1.0), dtype)
+        self.spline_delta = sharded_param([h, d, K, r], 0, normal_init(lev.spline_init_std), dtype)
         self.out_proj = sharded_param([h, r, D], 0, normal_init(out_std), dtype)
-        for p in (self.ln_weight, self.ln_bias, self.splines):
-            p.no_weight_decay = True   # LN affine; splines start at 1 (decay would pull M = prod phi to 0)
+        for p in (self.ln_weight, self.ln_bias, self.spline_delta):
+            p.no_weight_decay = True   # LN affine and the spline values (not regularised by the spec)
         self.chunk = lev.token_chunk or auto_chunk(self.heads_local, d, r, lev.chunk_elements)
         self._health = None
 
@@ -81,7 +86,7 @@ class LEVInput(UniqueIdInput):
     def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
         """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
         u = self.spline_inputs(ids)
-        M = spline_product(u, self.splines.float(), self.lev.log_eps, self.chunk, self.lev.recompute)
+        M = spline_product(u, 1.0 + self.spline_delta.float(), self.lev.log_eps, self.chunk, self.lev.recompute)
         if record:
             with torch.no_grad():
                 edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))
@@ -90,8 +95,14 @@ class LEVInput(UniqueIdInput):
         return M.reshape(M.shape[0], -1) @ out.reshape(-1, out.shape[-1])
 
     # -- introspection ----------------------------------------------------------------------------
+    @property
+    def splines(self) -> torch.Tensor:
+        """The spec's ``S [h/tp, d_seed, kappa, r]`` (= 1 + spline_delta; differentiable)."""
+        return 1.0 + self.spline_delta
+
     def full_parameters(self) -> dict:
-        """Every LEV tensor at its full (all-heads) size: gathers the TP shards (collective on TP > 1)."""
+        """The spec's tensors at full (all-heads) size: ``codebooks``, ``proj``, ``ln_weight``, ``ln_bias``,
+        ``splines`` (S), ``out_proj``; gathers the TP shards (a collective when TP > 1)."""
         out = {"codebooks": self.codebooks.weight.detach()}
         for name in ("proj", "ln_weight", "ln_bias", "splines", "out_proj"):
             p = getattr(self, name).detach()

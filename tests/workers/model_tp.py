@@ -58,7 +58,8 @@ def run(variant, tp, env, group):
         logits = torch.cat(parts, dim=-1)
     grads = {n: gather_full(p.grad, p, group, tp) for n, p in model.named_parameters()}
     attrs = {n: bool(getattr(p, "tensor_model_parallel", False)) for n, p in model.embedding.named_parameters()}
-    return {"logits": logits, "loss": loss.detach(), "grads": grads, "attrs": attrs}
+    full = model.embedding.full_parameters() if variant == "lev" else {}
+    return {"logits": logits, "loss": loss.detach(), "grads": grads, "attrs": attrs, "full": full}
 
 
 def main():
@@ -80,7 +81,8 @@ def main():
                   "loss": float((a["loss"] - b["loss"]).abs().max()),
                   "grad": gdiff[worst], "grad_worst": worst, "n_params": len(gdiff),
                   "grad_scale": max(float(t.abs().max()) for t in a["grads"].values()),
-                  "tp_attrs": b["attrs"]}
+                  "tp_attrs": b["attrs"],
+                  "full_params": max((float((a["full"][n] - b["full"][n]).abs().max()) for n in a["full"]), default=-1.0)}
     print("RESULT " + json.dumps(out), flush=True)
     destroy_distributed()
 

@@ -1,0 +1,303 @@
+"""LEV efficiency, side by side in one run (CPU):
+
+(a) step time of the ``tiny-cpu`` model, forward + backward + AdamW step, LEV / TIED (target <= 1.10),
+    interleaved A-B-B-A repetitions on the same batch, one torch thread by default. The machine is shared
+    and wall times swing by 2-4x, so the headline ratio uses the process's CPU time (``process_time``, which
+    does not count time the process waits for a core); wall-time medians and best-of-N are shown too.
+    Also shown: LEV with the spec's default hyper-parameters (d_seed=128, h=8, r=64) on the same tiny model.
+(b) peak memory of the LEV layer's forward + backward for 16k tokens (V=50,257, D=1,024, spec defaults)
+    against the same layer done naively (tests/lev_reference.py: per token, dense basis, no unique ids, no
+    chunking) and against a dense ``V x D`` table. Each case runs in a fresh subprocess and reports
+    ``ru_maxrss`` (peak resident set) minus the resident set just before the forward (parameters, inputs
+    and imports excluded; PyTorch's CPU allocator returns large blocks to the OS, so RSS tracks live tensors).
+    The naive layer needs ~1.3 MB per token: it is measured at 1k / 2k tokens and extrapolated linearly to
+    16k (flagged), since 16k tokens would need ~20 GiB on this 24 GiB shared machine.
+(c) the efficient path against the readable reference: max |difference| of outputs and of every
+    parameter gradient (tolerance 1e-5).
+
+Token ids are drawn from a Zipf(1) distribution over a random permutation of the vocabulary (text-like:
+many repeats), seeded; the number of unique ids is printed.
+
+    python benchmarks/bench_lev.py [--reps 7] [--mem-reps 2] [--only a,b,c]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MEM_V, MEM_D, MEM_TOKENS = 50257, 1024, 16384
+NAIVE_POINTS = (1024, 2048)
+
+
+def zipf_ids(shape, vocab: int, seed: int):
+    import numpy as np
+    import torch
+    rng = np.random.default_rng(seed)
+    p = 1.0 / (np.arange(vocab) + 2.7)
+    ids = rng.permutation(vocab)[rng.choice(vocab, size=shape, p=p / p.sum())]
+    return torch.from_numpy(ids).long()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# -- (a) step time -----------------------------------------------------------------------------------
+def bench_step_time(reps: int, threads: int) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.model.gpt import build_model
+    from leviathan_pretrain.parallel import init_distributed, seed_everything
+
+    cases = {
+        "tied": load_config(REPO / "configs/tiny-cpu-tied.yaml"),
+        "lev": load_config(REPO / "configs/tiny-cpu-lev.yaml"),
+        "lev(spec d128 h8 r64)": load_config(REPO / "configs/tiny-cpu-lev.yaml", [
+            "model.lev.seed_dim=128", "model.lev.heads=8", "model.lev.rank=64"]),
+    }
+    cfg = cases["tied"]
+    env = init_distributed(cfg.parallel)
+    b, s, V = cfg.train.micro_batch_size, cfg.model.seq_length, cfg.model.vocab_size
+    ids = zipf_ids((b, s + 1), V, seed=0)
+    x, y, pos = ids[:, :-1], ids[:, 1:], torch.arange(s)[None].expand(b, s)
+    models, opts = {}, {}
+    for name, c in cases.items():
+        seed_everything(1234, env.device)
+        models[name] = build_model(c)
+        opts[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-4)
+
+    def step(name):
+        t, c = time.perf_counter(), time.process_time()
+        loss = models[name](x, pos, None, labels=y).mean()
+        loss.backward()
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+        return time.perf_counter() - t, time.process_time() - c
+
+    names = list(cases)
+    for n in names:                      # warm-up (allocator, first-call overheads)
+        step(n)
+        step(n)
+    wall, cpu = {n: [] for n in names}, {n: [] for n in names}
+    for r in range(reps):
+        order = names if r % 2 == 0 else names[::-1]
+        for n in order:
+            w, c = step(n)
+            wall[n].append(w)
+            cpu[n].append(c)
+    med = {n: statistics.median(t) for n, t in cpu.items()}
+    med_wall = {n: statistics.median(t) for n, t in wall.items()}
+    best = {n: min(t) for n, t in wall.items()}
+    pair = {n: statistics.median(a / b for a, b in zip(cpu[n], cpu["tied"])) for n in names}
+    return {"tokens_per_step": b * s, "unique_ids": int(x.unique().numel()), "threads": threads, "wall": wall,
+            "cpu": cpu, "median_cpu": med, "median_wall": med_wall, "best_wall": best,
+            "ratio_cpu": {n: med[n] / med["tied"] for n in names}, "ratio_pairs_cpu": pair,
+            "ratio_wall": {n: med_wall[n] / med_wall["tied"] for n in names},
+            "ratio_best_wall": {n: best[n] / best["tied"] for n in names}}
+
+
+# -- (b) peak memory, one case per fresh process ---------------------------------------------------------
+def _lev_layer():
+    import torch
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.model.gpt import build_transformer_config
+    from leviathan_pretrain.model.lev import LEVInput
+    cfg = load_config(None, [f"model.vocab_size={MEM_V}", f"model.hidden_size={MEM_D}", "model.num_attention_heads=16",
+                             "parallel.device=cpu", "parallel.precision=fp32"])
+    torch.manual_seed(0)
+    return LEVInput(build_transformer_config(cfg, "cpu"), cfg.model)
+
+
+def memory_case(case: str, tokens: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    if case == "uniform":
+        ids = torch.randint(0, MEM_V, (1, tokens))
+    else:
+        ids = zipf_ids((1, tokens), MEM_V, seed=1)
+    if case in ("lev", "uniform", "naive"):
+        layer = _lev_layer()
+        if case == "naive":
+            from tests.lev_reference import lev_reference_from_layer
+            fn = lambda: lev_reference_from_layer(layer, ids.reshape(-1))  # noqa: E731
+        else:
+            fn = lambda: layer(ids)  # noqa: E731
+        params = sum(p.numel() for p in layer.parameters())
+    else:  # dense V x D table, as a TIED/UNTIED input (its gradient is a dense V x D tensor on CPU)
+        table = torch.nn.Parameter(torch.randn(MEM_V, MEM_D) * 0.02)
+        fn = lambda: F.embedding(ids.t(), table)  # noqa: E731
+        params = table.numel()
+    w = torch.randn(tokens, MEM_D)
+    gc.collect()
+    before = rss_bytes()
+    t = time.perf_counter()
+    out = fn()
+    (out.reshape(tokens, MEM_D) * w).sum().backward()
+    elapsed = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"case": case, "tokens": tokens, "unique": int(ids.unique().numel()), "param_bytes": params * 4,
+            "peak_delta": peak - before, "seconds": elapsed}
+
+
+def run_memory_case(case: str, tokens: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    proc = subprocess.run([sys.executable, __file__, "--_mem", case, "--_tokens", str(tokens)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory case {case}@{tokens} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_memory(reps: int) -> dict:
+    plan = [("lev", MEM_TOKENS), ("uniform", MEM_TOKENS), ("dense", MEM_TOKENS)] + [("naive", n) for n in NAIVE_POINTS]
+    runs = {p: [] for p in plan}
+    for _ in range(reps):                     # interleaved repetitions, fresh process each
+        for p in plan:
+            runs[p].append(run_memory_case(*p))
+    out = {}
+    for (case, n), rs in runs.items():
+        r = dict(rs[0])
+        r["peak_delta"] = statistics.median(x["peak_delta"] for x in rs)
+        r["seconds"] = statistics.median(x["seconds"] for x in rs)
+        out[f"{case}@{n}"] = r
+    (n1, n2) = NAIVE_POINTS
+    m1, m2 = out[f"naive@{n1}"]["peak_delta"], out[f"naive@{n2}"]["peak_delta"]
+    slope = (m2 - m1) / (n2 - n1)
+    out["naive@16384(extrapolated)"] = {"peak_delta": m2 + slope * (MEM_TOKENS - n2), "per_token": slope}
+    return out
+
+
+# -- (c) equality with the readable reference ------------------------------------------------------------
+def bench_equality(tokens: int = 512) -> dict:
+    """Efficient fp32 path vs the readable reference (fp32, and fp64 as ground truth)."""
+    import torch
+    from tests.lev_reference import lev_reference_from_layer
+    layer = _lev_layer()
+    ids = zipf_ids((1, tokens), MEM_V, seed=2)
+    ids[0, :4] = torch.tensor([0, MEM_V - 1, 37 ** 2, 36])        # edge ids
+    flat = ids.reshape(-1)
+    out = layer(ids).reshape(tokens, MEM_D)
+    ref = lev_reference_from_layer(layer, flat)
+    layer64 = _lev_layer().double()
+    ref64 = lev_reference_from_layer(layer64, flat)
+    w = torch.randn(tokens, MEM_D, generator=torch.Generator().manual_seed(0))
+    params, params64 = dict(layer.named_parameters()), dict(layer64.named_parameters())
+    g_out = torch.autograd.grad((out * w).sum(), list(params.values()))
+    g_ref = torch.autograd.grad((ref * w).sum(), list(params.values()))
+    g_64 = torch.autograd.grad((ref64 * w.double()).sum(), list(params64.values()))
+    rel = lambda a, b: float((a.double() - b).abs().max() / b.abs().max())  # noqa: E731
+    t = time.perf_counter()
+    with torch.no_grad():
+        table = layer.materialize()
+    t_mat = time.perf_counter() - t
+    return {"tokens": tokens, "unique": int(flat.unique().numel()), "out_max_abs": float(out.detach().abs().max()),
+            "forward_max_diff": float((out - ref).abs().max()),
+            "forward_max_diff_fp64": float((out.double() - ref64).abs().max()),
+            "forward_fp32_ref_vs_fp64": float((ref.double() - ref64).abs().max()),
+            "grad_rel_diff": {n: rel(a, c) for n, a, c in zip(params, g_out, g_64)},
+            "grad_rel_fp32_ref": {n: rel(b, c) for n, b, c in zip(params, g_ref, g_64)},
+            "materialize_max_diff": float((table[flat] - out.detach()).abs().max()), "materialize_seconds": t_mat}
+
+
+# -- report ------------------------------------------------------------------------------------------
+def mib(x):
+    return f"{x / 2 ** 20:,.0f} MiB"
+
+
+def report_a(r):
+    print(f"(a) tiny-cpu training step (fwd + bwd + AdamW), {r['tokens_per_step']} tokens/step, "
+          f"{r['unique_ids']} unique ids, {r['threads']} thread(s); {len(r['cpu']['tied'])} interleaved reps. "
+          "CPU time of the process (robust to other jobs on the machine) and wall time:")
+    for n in r["median_cpu"]:
+        print(f"    {n:<22} CPU median {r['median_cpu'][n] * 1e3:7.0f} ms  ratio {r['ratio_cpu'][n]:.3f} "
+              f"(paired {r['ratio_pairs_cpu'][n]:.3f}) | wall median {r['median_wall'][n] * 1e3:7.0f} ms "
+              f"ratio {r['ratio_wall'][n]:.3f}, best-of {r['best_wall'][n] * 1e3:6.0f} ms ratio {r['ratio_best_wall'][n]:.3f}")
+    ok = r["ratio_cpu"]["lev"] <= 1.10
+    print(f"    LEV / TIED = {r['ratio_cpu']['lev']:.3f} (CPU-time medians; target <= 1.10: {'met' if ok else 'NOT met'})")
+
+
+def report_b(r):
+    print(f"(b) peak memory of forward + backward, V={MEM_V}, D={MEM_D}, LEV spec defaults "
+          f"(ru_maxrss - RSS before the forward, fresh process per case, median of reps)")
+    lev, uni, dense = r[f"lev@{MEM_TOKENS}"], r[f"uniform@{MEM_TOKENS}"], r[f"dense@{MEM_TOKENS}"]
+    naive = r["naive@16384(extrapolated)"]
+    print(f"    LEV efficient, {MEM_TOKENS} tokens ({lev['unique']} unique, Zipf): {mib(lev['peak_delta'])}  "
+          f"[{lev['seconds']:.1f} s; params {mib(lev['param_bytes'])}]")
+    print(f"    LEV efficient, {MEM_TOKENS} tokens ({uni['unique']} unique, uniform): {mib(uni['peak_delta'])}  "
+          f"[{uni['seconds']:.1f} s]")
+    for n in NAIVE_POINTS:
+        k = r[f"naive@{n}"]
+        print(f"    LEV naive (reference), {n} tokens: {mib(k['peak_delta'])}  [{k['seconds']:.1f} s]")
+    print(f"    LEV naive (reference), {MEM_TOKENS} tokens: ~{mib(naive['peak_delta'])}  "
+          f"(EXTRAPOLATED linearly, {naive['per_token'] / 2 ** 20:.2f} MiB/token)")
+    print(f"    dense V x D table, {MEM_TOKENS} tokens: {mib(dense['peak_delta'])}  [params {mib(dense['param_bytes'])}]")
+    print(f"    naive / efficient = {naive['peak_delta'] / lev['peak_delta']:.0f}x ; "
+          f"efficient / dense = {lev['peak_delta'] / dense['peak_delta']:.2f}")
+
+
+def report_c(r):
+    worst = max(r["grad_rel_diff"], key=r["grad_rel_diff"].get)
+    floor = max(r["grad_rel_fp32_ref"].values())
+    ok = r["forward_max_diff"] < 1e-5 and r["grad_rel_diff"][worst] < 1e-5 and r["materialize_max_diff"] < 1e-5
+    print(f"(c) efficient path vs the readable reference (tests/lev_reference.py), {r['tokens']} tokens "
+          f"({r['unique']} unique), V={MEM_V}, D={MEM_D}, spec defaults:")
+    print(f"    forward: max |efficient - reference| = {r['forward_max_diff']:.2e} (|G| <= {r['out_max_abs']:.2f}); "
+          f"vs an fp64 reference {r['forward_max_diff_fp64']:.2e} (the fp32 reference itself: "
+          f"{r['forward_fp32_ref_vs_fp64']:.2e})")
+    print(f"    gradients: max |diff| / max |grad| vs fp64 = {r['grad_rel_diff'][worst]:.2e} ({worst}); "
+          f"the fp32 reference's own: {floor:.2e}")
+    print(f"    materialize() (all {MEM_V} ids, {r['materialize_seconds']:.0f} s) vs the per-token path: "
+          f"{r['materialize_max_diff']:.2e}")
+    print(f"    -> {'PASS' if ok else 'FAIL'} (forward 1e-5 absolute, gradients 1e-5 relative)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="LEV efficiency benchmark")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for (a) (1: no OpenMP barrier stalls "
+                    "when another job takes a core)")
+    ap.add_argument("--mem-reps", type=int, default=2)
+    ap.add_argument("--only", default="a,b,c")
+    ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--_mem", help=argparse.SUPPRESS)
+    ap.add_argument("--_tokens", type=int, default=MEM_TOKENS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._mem:
+        print(json.dumps(memory_case(args._mem, args._tokens)))
+        return
+    parts = set(args.only.split(","))
+    results = {}
+    if "b" in parts:
+        results["b"] = bench_memory(args.mem_reps)
+        report_b(results["b"])
+    if "c" in parts:
+        results["c"] = bench_equality()
+        report_c(results["c"])
+    if "a" in parts:
+        results["a"] = bench_step_time(args.reps, args.threads)
+        report_a(results["a"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    if "a" in parts:
+        from leviathan_pretrain.parallel import destroy_distributed
+        destroy_distributed()
+
+
+if __name__ == "__main__":
+    import warnings
+    warnings.filterwarnings("ignore")
+    main()
