@@ -233,10 +233,14 @@ def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, clien
     return tag
 
 
-def load(ds_engine, ckpt_dir: Path, tag: str) -> tuple[dict, dict]:
-    """Collective: load checkpoint ``tag`` into the engine; returns (leviathan.json, DeepSpeed client state)."""
+def read_meta(ckpt_dir: Path, tag: str) -> dict:
+    return json.loads((Path(ckpt_dir) / tag / META).read_text())
+
+
+def load(ds_engine, ckpt_dir: Path, tag: str) -> dict:
+    """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns the
+    DeepSpeed client state."""
     ckpt_dir = Path(ckpt_dir)
-    meta = json.loads((ckpt_dir / tag / META).read_text())
     path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=True,
                                              load_lr_scheduler_states=False)
     if path is None:
@@ -244,4 +248,4 @@ def load(ds_engine, ckpt_dir: Path, tag: str) -> tuple[dict, dict]:
     rng_path = ckpt_dir / tag / f"rng_rank{dist.get_rank():05d}.pt"
     if rng_path.is_file():
         set_rng_state(safe_load(rng_path))
-    return meta, client or {}
+    return client or {}

@@ -1,14 +1,13 @@
 """The training loop: set-up checks, resume, steps, validation, checkpoints, stop conditions.
 
 ``run(cfg)`` is everything ``python -m leviathan_pretrain.train`` does after parsing; it returns the exit
-code (see :mod:`.faults`). It is re-entrant within one process (tests run several configurations per
+code (see :mod:`.faults`). :class:`Trainer` holds one run's state (engine, batches, step, samples consumed). It is re-entrant within one process (tests run several configurations per
 launch): process groups are re-initialised when the parallel layout changes.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,135 +114,152 @@ def lev_stats(cfg: Config, eng, lay: Layout) -> dict:
 def run(cfg: Config) -> int:
     signals = StopSignals().install()     # from the start: a preemption during set-up stops after step 1
     try:
-        return _run(cfg, signals)
+        trainer = Trainer(cfg, signals)
+        try:
+            return trainer.train()
+        finally:
+            trainer.close()
     finally:
         signals.uninstall()
 
 
-def _run(cfg: Config, signals: StopSignals) -> int:
-    from leviathan_pretrain.parallel import init_distributed, seed_everything
-    denv = init_distributed(cfg.parallel, timeout_s=cfg.parallel.timeout_minutes * 60)
-    lay = layout(cfg)
-    t0 = time.monotonic()
-    out_dir = Path(cfg.train.out_dir)
-    cdir = checkpoint_dir(cfg)
+class Trainer:
+    """One run: set-up (checks, engine, data) in ``__init__``, then :meth:`train`; collective throughout."""
 
-    # --- checks before anything expensive (rank 0 checks, every rank raises the same error) ---
-    summary = collective_check(data_summary, cfg)
-    tok_sha = collective_check(check_tokenizer, cfg)
-    latest = collective_check(lambda: ckpt.read_latest(cdir) if cfg.checkpoint.resume else None)
-    if lay.rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cdir.mkdir(parents=True, exist_ok=True)
-        removed = ckpt.remove_incomplete(cdir, keep=latest)
-        if removed:
-            print(f"[train] removed incomplete checkpoint(s) {', '.join(removed)} (interrupted saves)", flush=True)
-        (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    dist.barrier()
+    def __init__(self, cfg: Config, signals: StopSignals):
+        from leviathan_pretrain.parallel import init_distributed, seed_everything
+        self.cfg, self.signals = cfg, signals
+        self.denv = init_distributed(cfg.parallel, timeout_s=cfg.parallel.timeout_minutes * 60)
+        self.lay = lay = layout(cfg)
+        self.t0 = time.monotonic()
+        self.out_dir, self.cdir = Path(cfg.train.out_dir), checkpoint_dir(cfg)
 
-    seed_everything(cfg.train.seed, denv.device)
-    from leviathan_pretrain.trainer.engine import build_engine
-    eng = build_engine(cfg, denv.device)
-    train_ds, valid_ds = build_datasets(cfg, summary["eod_id"], eng.needs_data)
-    t, steps = cfg.train, cfg.train.steps
-    train_batches = Batches(train_ds, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size) \
-        if eng.needs_data else None
-    valid_batches = Batches(valid_ds, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size) \
-        if eng.needs_data and valid_ds is not None else None
+        # checks before anything expensive (rank 0 checks, every rank raises the same error)
+        summary = collective_check(data_summary, cfg)
+        self.tok_sha = collective_check(check_tokenizer, cfg)
+        self.latest = collective_check(lambda: ckpt.read_latest(self.cdir) if cfg.checkpoint.resume else None)
+        self.meta = None
+        if self.latest is not None:
+            self.meta = ckpt.read_meta(self.cdir, self.latest)
+            check_compatible(cfg, self.meta, self.tok_sha, self.cdir / self.latest, lay)
+        if lay.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.cdir.mkdir(parents=True, exist_ok=True)
+            removed = ckpt.remove_incomplete(self.cdir, keep=self.latest)
+            if removed:
+                print(f"[train] removed incomplete checkpoint(s) {', '.join(removed)} (interrupted saves)", flush=True)
+            (self.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        dist.barrier()
 
-    # --- resume ---
-    step, consumed, skipped_total = 0, 0, 0
-    if latest is not None:
-        meta, client = ckpt.load(eng.ds, cdir, latest)
-        check_compatible(cfg, meta, tok_sha, cdir / latest, lay)
-        step, consumed, skipped_total = meta["step"], meta["consumed_samples"], meta.get("skipped_steps", 0)
-    metrics = Metrics(out_dir, (Path(cfg.logging.tensorboard_dir or out_dir / "tensorboard")
-                                if cfg.logging.tensorboard else None), lay.writer, step,
-                      cfg.logging.log_interval, steps)
-    metrics.record({"step": step, "event": "layout", "world": lay.world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
-                    "gas": lay.gas, "zero_stage": cfg.parallel.zero_stage, "precision": cfg.parallel.precision,
-                    "device": denv.device.type})
-    if latest is not None:
-        metrics.event(step, "resumed", tag=latest, consumed_samples=consumed)
-    elif lay.writer:
-        print(f"[train] {cfg.model.variant} model, TP={lay.tp} PP={lay.pp} DP={lay.dp}, ZeRO {cfg.parallel.zero_stage}, "
-              f"{cfg.parallel.precision}, micro-batch {t.micro_batch_size} x accumulation {lay.gas} x DP {lay.dp} "
-              f"= global batch {t.global_batch_size}, {steps} steps", flush=True)
-    if step >= steps:
-        metrics.event(step, "already complete", steps=steps)
-        metrics.close()
-        return EXIT_OK
+        seed_everything(cfg.train.seed, self.denv.device)
+        from leviathan_pretrain.trainer.engine import build_engine
+        self.eng = build_engine(cfg, self.denv.device)
+        train_ds, valid_ds = build_datasets(cfg, summary["eod_id"], self.eng.needs_data)
+        t = cfg.train
+        self.train_batches = Batches(train_ds, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size) \
+            if self.eng.needs_data else None
+        self.valid_batches = Batches(valid_ds, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size) \
+            if self.eng.needs_data and valid_ds is not None else None
+        self.step, self.consumed, skipped = 0, 0, 0
+        if self.latest is not None:
+            ckpt.load(self.eng.ds, self.cdir, self.latest)
+            self.step, self.consumed = self.meta["step"], self.meta["consumed_samples"]
+            skipped = self.meta.get("skipped_steps", 0)
+        self.bad = BadStepCounter(t.max_bad_steps, skipped)
+        tb = Path(cfg.logging.tensorboard_dir or self.out_dir / "tensorboard") if cfg.logging.tensorboard else None
+        self.metrics = Metrics(self.out_dir, tb, lay.writer, self.step, cfg.logging.log_interval, t.steps)
 
-    from leviathan_pretrain.model import model_flops_per_token
-    bad = BadStepCounter(t.max_bad_steps, skipped_total)
-    tokens_per_step = t.global_batch_size * cfg.model.seq_length
-    interval_t, interval_steps = time.perf_counter(), 0
-    meta_base = {"config": to_dict(cfg), "tokenizer_sha256": tok_sha,
-                 "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": cfg.parallel.zero_stage}}
+    def close(self) -> None:
+        self.metrics.close()
+        self.eng.ds.destroy()
 
-    def save(at_step: int) -> None:
-        kill = cfg.checkpoint.inject_kill_in_save_step == at_step
-        ckpt.save(eng.ds, cdir, at_step, {**meta_base, "consumed_samples": consumed, "skipped_steps": bad.total},
-                  cfg.checkpoint.keep_last, client_state={"step": at_step, "consumed_samples": consumed,
-                                                          "tokenizer_sha256": tok_sha, "model": to_dict(cfg.model)},
-                  kill_during_save=kill)
-        metrics.event(at_step, "checkpoint", dir=str(cdir / ckpt.tag_for(at_step)))
+    def save(self) -> None:
+        cfg, lay, step = self.cfg, self.lay, self.step
+        meta = {"config": to_dict(cfg), "tokenizer_sha256": self.tok_sha, "consumed_samples": self.consumed,
+                "skipped_steps": self.bad.total,
+                "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": cfg.parallel.zero_stage}}
+        client = {"step": step, "consumed_samples": self.consumed, "tokenizer_sha256": self.tok_sha,
+                  "model": to_dict(cfg.model)}
+        ckpt.save(self.eng.ds, self.cdir, step, meta, cfg.checkpoint.keep_last, client_state=client,
+                  kill_during_save=cfg.checkpoint.inject_kill_in_save_step == step)
+        self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
 
-    def validate(at_step: int) -> None:
-        n = t.eval_iters
-        batches = [valid_batches.global_batch(i * t.global_batch_size) for i in range(n)] \
-            if valid_batches is not None else None
-        metrics.valid(at_step, eng.eval_loss(batches, n))
+    def validate(self) -> None:
+        t = self.cfg.train
+        batches = [self.valid_batches.global_batch(i * t.global_batch_size) for i in range(t.eval_iters)] \
+            if self.valid_batches is not None else None
+        self.metrics.valid(self.step, self.eng.eval_loss(batches, t.eval_iters))
 
-    try:
-        while step < steps:
-            step += 1
-            lr = lr_at(step - 1, cfg.optim, steps)
-            eng.set_lr(lr)
-            t_step = time.perf_counter()
-            mbs = train_batches.global_batch(consumed) if train_batches is not None else None
-            eng.nan_next = step in t.inject_nan_steps and t.inject_nan_rank in (None, lay.rank)
-            loss, applied = eng.train_step(mbs)
-            t_step = time.perf_counter() - t_step
-            eng.nan_next = False
-            consumed += t.global_batch_size
-            gnorm = eng.grad_norm()
-            interval_steps += 1
-            try:
-                bad.update(step, not applied or not is_finite(loss), loss, gnorm)
-            except Diverged as e:
-                metrics.event(step, "diverged", error=str(e))
-                raise
-            rec = {"loss": loss, "lr": lr, "grad_norm": gnorm if gnorm is None or math.isfinite(gnorm) else None,
-                   "skipped": not applied, "skipped_total": bad.total, "consumed_samples": consumed,
-                   "step_time_s": t_step}
-            extra = None
-            if step % cfg.logging.log_interval == 0 or step == steps:
-                dt = (time.perf_counter() - interval_t) / interval_steps
-                health = lev_stats(cfg, eng, lay)
-                flops = model_flops_per_token(cfg, health.get("lev/unique_ratio", 1.0))
-                extra = {"train/perplexity": perplexity(loss), "train/loss_scale": eng.loss_scale(),
-                         "train/samples_consumed": consumed, "train/tokens_consumed": consumed * cfg.model.seq_length,
-                         **throughput(tokens_per_step, dt, flops, lay.world, cfg.logging.peak_flops),
-                         **memory_stats(denv.device), **health}
-                interval_t, interval_steps = time.perf_counter(), 0
-            metrics.train_step(step, rec, extra)
-            if t.eval_interval and (step % t.eval_interval == 0 or step == steps):
-                validate(step)
-            stop_reason = stop_requested(cfg, signals, step, t0, denv.device)
-            if step % cfg.checkpoint.save_interval == 0 or step == steps or stop_reason:
-                save(step)
-            if stop_reason and step < steps:
-                metrics.event(step, "stopped", reason=stop_reason, exit_code=EXIT_REQUEUE)
-                return EXIT_REQUEUE
-        metrics.event(step, "finished", steps=steps)
-        if lay.writer and cfg.logging.tensorboard:
-            print(f"[train] TensorBoard: tensorboard --logdir {metrics.tb.log_dir if metrics.tb else out_dir}",
+    def log_extra(self, loss: float, seconds_per_step: float) -> dict:
+        """The log-interval scalars (collective: LEV health)."""
+        from leviathan_pretrain.model import model_flops_per_token
+        cfg, lay = self.cfg, self.lay
+        health = lev_stats(cfg, self.eng, lay)
+        flops = model_flops_per_token(cfg, health.get("lev/unique_ratio", 1.0))
+        tokens = cfg.train.global_batch_size * cfg.model.seq_length
+        return {"train/perplexity": perplexity(loss), "train/loss_scale": self.eng.loss_scale(),
+                "train/samples_consumed": self.consumed,
+                "train/tokens_consumed": self.consumed * cfg.model.seq_length,
+                **throughput(tokens, seconds_per_step, flops, lay.world, cfg.logging.peak_flops),
+                **memory_stats(self.denv.device), **health}
+
+    def train_step(self) -> tuple[dict, float]:
+        cfg, t, eng = self.cfg, self.cfg.train, self.eng
+        lr = lr_at(self.step - 1, cfg.optim, t.steps)
+        eng.set_lr(lr)
+        t_step = time.perf_counter()
+        mbs = self.train_batches.global_batch(self.consumed) if self.train_batches is not None else None
+        eng.nan_next = self.step in t.inject_nan_steps and t.inject_nan_rank in (None, self.lay.rank)
+        loss, applied = eng.train_step(mbs)
+        eng.nan_next = False
+        self.consumed += t.global_batch_size
+        gnorm = eng.grad_norm()
+        try:
+            self.bad.update(self.step, not applied or not is_finite(loss), loss, gnorm)
+        except Diverged as e:
+            self.metrics.event(self.step, "diverged", error=str(e))
+            raise
+        return {"loss": loss, "lr": lr, "grad_norm": gnorm if gnorm is None or math.isfinite(gnorm) else None,
+                "skipped": not applied, "skipped_total": self.bad.total, "consumed_samples": self.consumed,
+                "step_time_s": time.perf_counter() - t_step}, loss
+
+    def train(self) -> int:
+        cfg, t, lay, m = self.cfg, self.cfg.train, self.lay, self.metrics
+        m.record({"step": self.step, "event": "layout", "world": lay.world, "tp": lay.tp, "pp": lay.pp,
+                  "dp": lay.dp, "gas": lay.gas, "zero_stage": cfg.parallel.zero_stage,
+                  "precision": cfg.parallel.precision, "device": self.denv.device.type})
+        if self.latest is not None:
+            m.event(self.step, "resumed", tag=self.latest, consumed_samples=self.consumed)
+        elif lay.writer:
+            print(f"[train] {cfg.model.variant} model, TP={lay.tp} PP={lay.pp} DP={lay.dp}, ZeRO "
+                  f"{cfg.parallel.zero_stage}, {cfg.parallel.precision}, micro-batch {t.micro_batch_size} x "
+                  f"accumulation {lay.gas} x DP {lay.dp} = global batch {t.global_batch_size}, {t.steps} steps",
                   flush=True)
+        if self.step >= t.steps:
+            m.event(self.step, "already complete", steps=t.steps)
+            return EXIT_OK
+        interval_t, interval_steps = time.perf_counter(), 0
+        while self.step < t.steps:
+            self.step += 1
+            rec, loss = self.train_step()
+            interval_steps += 1
+            extra = None
+            if self.step % cfg.logging.log_interval == 0 or self.step == t.steps:
+                extra = self.log_extra(loss, (time.perf_counter() - interval_t) / interval_steps)
+                interval_t, interval_steps = time.perf_counter(), 0
+            m.train_step(self.step, rec, extra)
+            if t.eval_interval and (self.step % t.eval_interval == 0 or self.step == t.steps):
+                self.validate()
+            stop_reason = stop_requested(cfg, self.signals, self.step, self.t0, self.denv.device)
+            if self.step % cfg.checkpoint.save_interval == 0 or self.step == t.steps or stop_reason:
+                self.save()
+            if stop_reason and self.step < t.steps:
+                m.event(self.step, "stopped", reason=stop_reason, exit_code=EXIT_REQUEUE)
+                return EXIT_REQUEUE
+        m.event(self.step, "finished", steps=t.steps)
+        if lay.writer and m.tb is not None:
+            print(f"[train] TensorBoard: tensorboard --logdir {m.tb.log_dir}", flush=True)
         return EXIT_OK
-    finally:
-        metrics.close()
-        eng.ds.destroy()
 
 
 def stop_requested(cfg: Config, signals: StopSignals, step: int, t0: float, device) -> str | None:
@@ -262,10 +278,25 @@ def stop_requested(cfg: Config, signals: StopSignals, step: int, t0: float, devi
     return None
 
 
+# Model settings that change speed or memory but not the weights: a run may resume with other values.
+RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_elements", "lev.recompute"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, lay: Layout) -> None:
-    saved = meta.get("config", {}).get("model", {})
-    now = to_dict(cfg.model)
-    diff = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    """The checkpoint's model config, tokenizer and parallel layout match this run (before loading it)."""
+    saved = _flat(meta.get("config", {}).get("model", {}))
+    now = _flat(to_dict(cfg.model))
+    diff = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_FREE and saved.get(k) != now.get(k)]
     if diff:
         k = diff[0]
         raise ckpt.CheckpointError(f"{where}: written for model.{k}={saved.get(k)!r}, the config says "
