@@ -129,6 +129,37 @@ def test_stage0_optimizer_clips_and_skips_non_finite():
     assert opt.state[w]["step"].item() == 1                # the skipped step left Adam's state alone
 
 
+def test_stop_conditions():
+    """SIGUSR1/SIGTERM set the stop flag (agreed over ranks); exit_at_step; exit_after_minutes."""
+    import os
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.parallel import free_port
+    from leviathan_pretrain.trainer.faults import StopSignals
+    from leviathan_pretrain.trainer.loop import stop_requested
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        cfg = load_config(CONFIG, ["train.exit_at_step=5"])
+        sig = StopSignals().install()
+        try:
+            now = time.monotonic()
+            assert stop_requested(cfg, sig, 4, now, torch.device("cpu")) is None
+            assert stop_requested(cfg, sig, 5, now, torch.device("cpu")) == "exit_at_step"
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert sig.received == signal.SIGUSR1 and stop_requested(cfg, sig, 1, now, torch.device("cpu")) == "signal"
+        finally:
+            sig.uninstall()
+        cfg = load_config(CONFIG, ["train.exit_after_minutes=0.5"])
+        assert stop_requested(cfg, StopSignals(), 1, time.monotonic() - 29, torch.device("cpu")) is None
+        assert stop_requested(cfg, StopSignals(), 1, time.monotonic() - 31, torch.device("cpu")) == "exit_after_minutes"
+    finally:
+        dist.destroy_process_group()
+
+
 def run_cli(*args, timeout=120):
     return subprocess.run([sys.executable, *args], cwd=REPO, env=base_env(), capture_output=True, text=True,
                           timeout=timeout)
