@@ -54,6 +54,12 @@ def build_once(root: Path, name: str, build) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # keep the cache small: of older builds of the same kind, keep only the newest other one
+    kind = name.rsplit("-", 1)[0]
+    others = sorted((p for p in root.glob(f"{kind}-*") if p != final and ".tmp-" not in p.name),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[1:]:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -110,7 +110,7 @@ def test_parts_are_reused_only_for_unchanged_inputs(minipile_dir, tokenizer_mode
 def test_output_does_not_depend_on_threads_batches_or_chunking(minipile_dir, tokenizer_model, read_corpus,
                                                                tmp_path, run_cli):
     texts = [r["text"] for r in read_corpus(minipile_dir / "train" / "00.jsonl.zst")[:200]]
-    long_doc = "\n".join(texts)[:3_000_000]                  # longer than a batch: piece batches
+    long_doc = "\n".join(texts)[:1_500_000]                  # longer than a batch: piece batches
     src = tmp_path / "mixed.jsonl"
     with open(src, "w") as f:
         for t in texts[:50] + [long_doc] + texts[50:80]:
