@@ -78,7 +78,8 @@ def main(argv=None) -> int:
                   f"(perplexity {evals[-1]['valid_perplexity']:.1f})")
     ck = run_dir / "checkpoints"
     if (ck / "latest").is_file():
-        print(f"[demo] checkpoint: {ck / (ck / 'latest').read_text().strip()}  (re-run to continue from it)")
+        note = "training complete; --fresh trains again" if rc == 0 else "re-run to continue from it"
+        print(f"[demo] checkpoint: {ck / (ck / 'latest').read_text().strip()}  ({note})")
     print(f"[demo] TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     if rc == 75:
         print("[demo] training stopped early with a checkpoint; run the demo again to continue")

@@ -43,7 +43,13 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2                     # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    cuda = _has_cuda() and cfg.parallel.device != "cpu"
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    if cuda and cfg.parallel.tensor_parallel > 1:
+        # megatron-core's tensor-parallel layers overlap their all-reduce with compute only in this mode
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    else:
+        warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     from leviathan_pretrain.trainer.checkpoint import CheckpointError
     from leviathan_pretrain.trainer.data import ShardError
     from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged

@@ -103,6 +103,13 @@ def test_keep_last_and_contents():
     assert client["consumed_samples"] == 480 and client["model"]["hidden_size"] == 64
 
 
+@pytest.mark.multiproc
+def test_fresh_start_into_old_checkpoints_is_refused():
+    err = dp_tp_runs()["errors"]["resume_false"]
+    assert set(err.values()) == {err[0]} and err[0].startswith("ConfigError: checkpoint.resume: false, but ")
+    assert "already holds checkpoints (global_step10, global_step20)" in err[0]
+
+
 def _launch(out, *extra):
     args = [sys.executable, "launchers/local.py", "-n", "2", "--grace", "10", "--", "-m", "leviathan_pretrain.train",
             "--config", CONFIG, *overrides("unused", f"train.out_dir={out}", "train.steps=1000",

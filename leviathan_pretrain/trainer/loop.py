@@ -78,6 +78,18 @@ def check_tokenizer(cfg: Config) -> str | None:
     return file_sha256(path)
 
 
+def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
+    """The tag to resume from; with ``checkpoint.resume=false`` the directory must hold no checkpoint (a new
+    run's checkpoints would mix with the old ones, and pruning keeps the highest steps)."""
+    if cfg.checkpoint.resume:
+        return ckpt.read_latest(cdir)
+    if cdir.is_dir() and ckpt.complete_tags(cdir):
+        raise ConfigError(f"checkpoint.resume: false, but {cdir} already holds checkpoints "
+                          f"({', '.join(ckpt.complete_tags(cdir)[-3:])}); use another train.out_dir or "
+                          "checkpoint.dir, or delete it")
+    return None
+
+
 def checkpoint_dir(cfg: Config) -> Path:
     return Path(cfg.checkpoint.dir or Path(cfg.train.out_dir) / "checkpoints")
 
@@ -137,7 +149,7 @@ class Trainer:
         # checks before anything expensive (rank 0 checks, every rank raises the same error)
         summary = collective_check(data_summary, cfg)
         self.tok_sha = collective_check(check_tokenizer, cfg)
-        self.latest = collective_check(lambda: ckpt.read_latest(self.cdir) if cfg.checkpoint.resume else None)
+        self.latest = collective_check(latest_checkpoint, cfg, self.cdir)
         self.meta = None
         if self.latest is not None:
             self.meta = ckpt.read_meta(self.cdir, self.latest)

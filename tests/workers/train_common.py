@@ -114,6 +114,8 @@ def dp_tp_runs() -> dict:
         spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "train.inject_nan_steps=[3]",
              "train.inject_nan_rank=1", "parallel.zero_stage=1"),
         spec("bad_batch", "train.global_batch_size=6", "train.micro_batch_size=2"),   # 6 % (2 x DP 2) != 0
+        {"name": "resume_false", "config": CONFIG,        # a fresh start into dp2_z1's checkpoints is refused
+         "overrides": overrides("dp2_z1", *TRAJ, "parallel.zero_stage=1", "checkpoint.resume=false")},
         spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
     ], nprocs=2)
 
