@@ -9,8 +9,8 @@ import torch
 
 from leviathan_pretrain.trainer.checkpoint import safe_load
 from tests.multiproc import REPO, base_env
-from tests.workers.train_common import (CONFIG, dp_tp_runs, events, losses, overrides, pipe_runs, records,
-                                        single_process_runs, workdir)
+from tests.workers.train_common import (CONFIG, dp_tp_runs, events, four_process_runs, losses, overrides, pipe_runs,
+                                        records, single_process_runs, workdir)
 
 TOL = 2e-4     # observed <= 1e-6: only the order of floating-point sums differs
 
@@ -57,6 +57,20 @@ def test_pipeline_parallel_matches_single_process(name, ref):
     single_process_runs()
     pipe_runs()
     assert_matches_and_falls(name, ref)
+
+
+@pytest.mark.multiproc
+def test_pipeline_combined_with_tp_and_dp():
+    """PP=2 x TP=2 and PP=2 x DP=2 (4 processes) follow the PP=2 run: the pipeline engine's grid and
+    megatron-core's groups put the same ranks together."""
+    single_process_runs()
+    pipe_runs()
+    four_process_runs()
+    ref = losses("ref_pipe")
+    for name in ("pp2_tp2", "pp2_dp2"):
+        got = losses(name)
+        assert sorted(got) == list(range(1, 7))
+        assert max(abs(got[s] - ref[s]) for s in got) <= TOL, (name, got, ref)
 
 
 @pytest.mark.multiproc

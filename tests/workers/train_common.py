@@ -136,3 +136,14 @@ def pipe_resume_runs() -> dict:
     pipe_runs()
     return launch("pipe_resume", [spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2")],
                   nprocs=2)
+
+
+@functools.cache
+def four_process_runs() -> dict:
+    """PP=2 combined with TP=2 and with DP=2 (4 processes): megatron-core's and DeepSpeed's rank grids agree."""
+    return launch("four", [
+        spec("pp2_tp2", "train.steps=60", "train.exit_at_step=6", "parallel.zero_stage=1",
+             "parallel.pipeline_parallel=2", "parallel.tensor_parallel=2", "train.eval_interval=0"),
+        spec("pp2_dp2", "train.steps=60", "train.exit_at_step=6", "parallel.zero_stage=1",
+             "parallel.pipeline_parallel=2", "train.eval_interval=0"),
+    ], nprocs=4, timeout=400)
