@@ -31,6 +31,8 @@ def parse_args(argv=None):
     ap.add_argument("--config", help="YAML config (may name a 'base:' file it extends)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
                     help="dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100")
+    # The `deepspeed` launcher appends --local_rank=N (LOCAL_RANK is in the environment as well).
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
