@@ -178,7 +178,7 @@ def test_health_statistics():
     assert lev_health(layer) == {}
     layer(torch.tensor([[1, 2, 3, 3]]))
     stats = lev_health(layer)
-    assert stats["lev/unique_ids"] == 3
+    assert stats["lev/unique_ids"] == 3 and stats["lev/unique_ratio"] == 0.75
     assert 0.0 <= stats["lev/u_edge_frac"] <= 1.0
     norms = [stats[f"lev/head{i}/out_norm"] for i in range(4)]
     assert all(n > 0 and math.isfinite(n) for n in norms)

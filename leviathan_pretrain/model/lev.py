@@ -118,7 +118,8 @@ class LEVInput(UniqueIdInput):
 def lev_health(layer, gather: bool = False) -> dict:
     """LEV health statistics from the layer's last training forward (``{}`` before the first one).
 
-    Keys: ``lev/unique_ids`` (unique ids in the last micro-batch), ``lev/u_edge_frac`` (fraction of spline
+    Keys: ``lev/unique_ids`` (unique ids in the last micro-batch), ``lev/unique_ratio`` (unique ids / tokens,
+    for :func:`~leviathan_pretrain.model.accounting.model_flops_per_token`), ``lev/u_edge_frac`` (fraction of spline
     coordinates u within 0.01 of 0 or 1, all local heads), ``lev/head{l}/out_norm`` (RMS over up to 256 of
     those ids of ``||M_l @ W_out_l||``, head l's contribution to G) and ``lev/head{l}/u_edge_frac``; ``l`` is
     the global head index. Without ``gather`` only this TP rank's heads are reported; ``gather=True``
@@ -138,7 +139,8 @@ def lev_health(layer, gather: bool = False) -> dict:
         dist.all_gather(parts, both.contiguous(), group=group)
         both = torch.cat(parts, dim=1)
         norms, edge, first = both[0], both[1], 0
-    stats = {"lev/unique_ids": float(hs["n"]), "lev/u_edge_frac": float(edge.mean())}
+    stats = {"lev/unique_ids": float(hs["n"]), "lev/unique_ratio": float(layer.last_unique_ratio),
+             "lev/u_edge_frac": float(edge.mean())}
     for i in range(norms.numel()):
         stats[f"lev/head{first + i}/out_norm"] = float(norms[i])
         stats[f"lev/head{first + i}/u_edge_frac"] = float(edge[i])
