@@ -112,9 +112,7 @@ def lev_stats(cfg: Config, eng, lay: Layout) -> dict:
                 with deepspeed.zero.GatheredParameters(list(layer.parameters())):
                     stats = lev_health(layer, gather=True)
             else:
-                stats = lev_health(layer, gather=True)
-            if getattr(layer, "last_unique_ratio", None) is not None:
-                stats["lev/unique_ratio"] = float(layer.last_unique_ratio)
+                stats = lev_health(layer, gather=True)      # includes lev/unique_ratio (FLOPs accounting)
     if lay.pp > 1:
         box = [stats]
         dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_first_rank(),
