@@ -32,7 +32,7 @@ from data_prep.sources import NO_SET, FileReader
 
 def set_slug(name: str | None) -> str:
     """File-name-safe form of a set name: ``Wikipedia (en)`` -> ``Wikipedia_en``."""
-    if name is None:
+    if name is None or name == NO_SET:
         return "no_set"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.")
     return slug or "set"

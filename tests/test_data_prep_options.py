@@ -98,3 +98,22 @@ def test_documents_with_u2581_are_counted(tokenizer_model, run_cli, tmp_path):
     m = json.load(open(tmp_path / "o.manifest.json"))
     assert m["documents"] == 2 and m["documents_with_u2581"] == 1
     assert _texts(tmp_path / "o", tokenizer_model) == ["plain", "a b"]
+
+
+def test_split_by_set_names_and_unlabelled_records(tokenizer_model, run_cli, tmp_path):
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"text": "wiki text", "meta": {"pile_set_name": "Wikipedia (en)"}},
+        {"text": "no meta at all"},
+        {"text": "book text", "meta": {"pile_set_name": "Gutenberg (PG-19)"}},
+        {"text": "more wiki", "meta": {"pile_set_name": "Wikipedia (en)"}},
+    ]))
+    prefix = tmp_path / "s"
+    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
+            "--split-by-set")
+    m = json.load(open(f"{prefix}.manifest.json"))
+    assert {o["set"]: o["prefix"] for o in m["outputs"]} == {
+        "(none)": f"{prefix}.no_set", "Gutenberg (PG-19)": f"{prefix}.Gutenberg_PG-19",
+        "Wikipedia (en)": f"{prefix}.Wikipedia_en"}
+    assert _texts(f"{prefix}.Wikipedia_en", tokenizer_model) == ["wiki text", "more wiki"]
+    assert _texts(f"{prefix}.no_set", tokenizer_model) == ["no meta at all"]
