@@ -35,12 +35,11 @@ def step_corpus(out: Path, max_mb: float | None) -> dict:
         return paths
     tmp = out / "corpus.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    made = make_corpus.build(tmp, sources=["github"], val_fraction=0.02, quiet=True,
-                             max_bytes=int(max_mb * 1e6) if max_mb else None)
+    make_corpus.build(tmp, sources=["github"], val_fraction=0.02, quiet=True,
+                      max_bytes=int(max_mb * 1e6) if max_mb else None)
     shutil.rmtree(corpus, ignore_errors=True)
     os.replace(tmp, corpus)
-    sizes = {k: os.path.getsize(str(v[0] if isinstance(v, list) else v).replace(str(tmp), str(corpus)))
-             for k, v in made.items()}
+    sizes = {"train": os.path.getsize(paths["train"][0]), "val": os.path.getsize(paths["val"])}
     _say(f"1/3 corpus: the standard library's .py files as Pile 'Github' documents -> {corpus}/ "
          f"(train {human_bytes(sizes['train'])}, val {human_bytes(sizes['val'])} compressed) "
          f"in {time.monotonic() - t:.1f} s")

@@ -3,7 +3,6 @@ errors naming the file; outputs never appear half-written; no zero-length docume
 import json
 import os
 
-import numpy as np
 import pytest
 import sentencepiece as spm
 import zstandard
