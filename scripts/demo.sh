@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
-exec python -m data_prep.demo --out runs/demo "$@"
+exec python -m leviathan_pretrain.demo --out runs/demo "$@"

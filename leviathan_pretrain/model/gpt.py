@@ -89,8 +89,10 @@ def build_transformer_config(cfg: Config, device=None) -> TransformerConfig:
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=m.init_method_std,
         use_cpu_initialization=True, perform_initialization=True,
         params_dtype=dtype, bf16=p.precision == "bf16", fp16=p.precision == "fp16",
-        tensor_model_parallel_size=p.tensor_parallel, pipeline_model_parallel_size=p.pipeline_parallel,
-        sequence_parallel=p.sequence_parallel,
+        # Pipelining is DeepSpeed's (trainer/pipe.py), never megatron-core's schedules: each stage's layers
+        # are described as one stage-free model (megatron's pipeline settings would demand pipeline_dtype).
+        tensor_model_parallel_size=p.tensor_parallel, pipeline_model_parallel_size=1,
+        sequence_parallel=p.sequence_parallel, cuda_graph_scope=[],
         bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         cross_entropy_loss_fusion=False,

@@ -162,14 +162,9 @@ def build_engine(cfg: Config, device: torch.device) -> TrainEngine:
     ds_config = deepspeed_config(cfg, dp, own_clipping)
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
     if cfg.parallel.uses_pipeline_engine:
-        import dataclasses
-
         from leviathan_pretrain.model import build_transformer_config
         from leviathan_pretrain.trainer.pipe import build_pipeline
-        # DeepSpeed runs the pipeline, not megatron-core: its TransformerConfig describes one stage-free
-        # model (megatron's pipeline settings would demand its own schedule's pipeline_dtype etc.).
-        flat = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, pipeline_parallel=1))
-        module, loss_fn = build_pipeline(cfg, build_transformer_config(flat, device))
+        module, loss_fn = build_pipeline(cfg, build_transformer_config(cfg, device))
         opt = build_optimizer(module, cfg, own_clipping)
         ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, dist_init_required=False)
         eng = PipeEngine(ds, cfg, ps.get_data_parallel_group(), loss_fn)
