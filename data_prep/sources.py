@@ -308,16 +308,9 @@ class FileReader:
             if not keep(name):
                 self.stats.filtered[NO_SET if name is None else name] += 1
                 continue
-            if not text:
-                self._skip("empty_text")
-                continue
-            if text.isspace():
-                self._skip("whitespace_only")
-                continue
             doc = text.encode("utf-8")
-            if U2581 in doc:
-                self.stats.u2581_docs += 1
-            yield doc, name
+            if self._usable(text, doc):
+                yield doc, name
 
     def _text_docs(self):
         if self.text_unit == "file":
@@ -341,15 +334,20 @@ class FileReader:
             if not keep(None):
                 self.stats.filtered[NO_SET] += 1
                 continue
-            if not text:
-                self._skip("empty_text")
-                continue
-            if text.isspace():
-                self._skip("whitespace_only")
-                continue
-            if U2581 in raw:
-                self.stats.u2581_docs += 1
-            yield raw, None
+            if self._usable(text, raw):
+                yield raw, None
+
+    def _usable(self, text: str, doc: bytes) -> bool:
+        """Skip (and count) an empty or whitespace-only document; count one holding U+2581."""
+        if not text:
+            self._skip("empty_text")
+            return False
+        if text.isspace():
+            self._skip("whitespace_only")
+            return False
+        if U2581 in doc:
+            self.stats.u2581_docs += 1
+        return True
 
     def _paragraphs(self):
         """Blank-line separated paragraphs; ``self.line`` is the first line of each."""

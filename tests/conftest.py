@@ -101,26 +101,26 @@ def minipile_dir(test_cache) -> Path:
                       lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600))
 
 
-@pytest.fixture(scope="session")
-def tokenizer_model(test_cache, minipile_dir) -> Path:
-    """8k BPE tokenizer.model trained on a 2 MB seeded sample of minipile train."""
+def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int, name: str) -> Path:
+    """A BPE tokenizer.model trained on a seeded ``sample_mb`` MB sample of minipile train, cached."""
     key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
 
     def build(tmp):
         run_module("data_prep.train_tokenizer", "--input", minipile_dir / "train" / "00.jsonl.zst",
-                   "--vocab-size", 8000, "--sample-bytes", 2, "--output", tmp, "--overwrite", timeout=300)
-    return build_once(test_cache, f"tokenizer8k-{key}", build) / "tokenizer.model"
+                   "--vocab-size", vocab, "--sample-bytes", sample_mb, "--output", tmp, "--overwrite", timeout=600)
+    return build_once(test_cache, f"{name}-{key}", build) / "tokenizer.model"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_model(test_cache, minipile_dir) -> Path:
+    """8k BPE tokenizer.model trained on a 2 MB seeded sample of minipile train."""
+    return _tokenizer(test_cache, minipile_dir, 8000, 2, "tokenizer8k")
 
 
 @pytest.fixture(scope="session")
 def tokenizer_model_200k(test_cache, minipile_dir) -> Path:
     """200k BPE tokenizer.model (vocab > 65536: int32 shards) trained on a 12 MB sample."""
-    key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
-
-    def build(tmp):
-        run_module("data_prep.train_tokenizer", "--input", minipile_dir / "train" / "00.jsonl.zst",
-                   "--vocab-size", 200000, "--sample-bytes", 12, "--output", tmp, "--overwrite", timeout=600)
-    return build_once(test_cache, f"tokenizer200k-{key}", build) / "tokenizer.model"
+    return _tokenizer(test_cache, minipile_dir, 200000, 12, "tokenizer200k")
 
 
 @pytest.fixture(scope="session")
