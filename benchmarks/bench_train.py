@@ -63,17 +63,15 @@ def worker(args) -> None:
     from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
     from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
     from leviathan_pretrain.trainer.engine import build_engine
-    from leviathan_pretrain.trainer.loop import layout
+    from leviathan_pretrain.trainer.loop import collective_check, layout
     common = [f"parallel.tensor_parallel={args.tp}", f"data.prefixes=[{args.data}]", "train.eval_interval=0",
               "data.split=90,5,5",
               f"train.steps={args.warmup + args.steps}", *args.overrides]
     cfgs = {name: load_config(path, common) for name, path in (("TIED", args.tied), ("LEV", args.lev))}
     denv = init_distributed(cfgs["LEV"].parallel)
     lay = layout(cfgs["LEV"])
-    summary = data_summary(cfgs["LEV"]) if lay.rank == 0 else None
-    box = [summary]
-    dist.broadcast_object_list(box, src=0)
-    train, _ = build_datasets(cfgs["LEV"], box[0]["eod_id"], True)
+    summary = collective_check(data_summary, cfgs["LEV"])
+    train, _ = build_datasets(cfgs["LEV"], summary["eod_id"], True)
     engines = {}
     for name, cfg in cfgs.items():
         seed_everything(cfg.train.seed, denv.device)

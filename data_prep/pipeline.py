@@ -215,21 +215,28 @@ class FileTokenizer:
             tokens = np.concatenate([tokens, self._eod])
         w.add_partial(tokens)
         self._open_len += len(tokens)
-        if self.progress is not None:
-            raw = self._reader.stats.bytes
-            self.progress.update(1 if batch.last_piece else 0, len(tokens), batch.nbytes, raw - self._raw_seen)
-            self._raw_seen = raw
+        self._progress(1 if batch.last_piece else 0, len(tokens), batch.nbytes)
         if not batch.last_piece:
             return
         length, self._open_len = self._open_len, 0
         if length == 1:              # encoded to nothing: the EOD just written is the only token
             raise RuntimeError("a long document encoded to no tokens")     # cannot happen: it has text
         w.end_document(length, batch.doc_bytes[0])
-        key = NO_SET if name is None else name
-        s = self._set_stats.setdefault(key, {"documents": 0, "tokens": 0, "text_bytes": 0})
-        s["documents"] += 1
-        s["tokens"] += length
-        s["text_bytes"] += batch.doc_bytes[0]
+        self._count_set(name, 1, length, batch.doc_bytes[0])
+
+    def _count_set(self, name, documents: int, tokens: int, text_bytes: int) -> None:
+        """Add to the per-``pile_set_name`` totals of the manifest."""
+        s = self._set_stats.setdefault(NO_SET if name is None else name,
+                                       {"documents": 0, "tokens": 0, "text_bytes": 0})
+        s["documents"] += documents
+        s["tokens"] += tokens
+        s["text_bytes"] += text_bytes
+
+    def _progress(self, documents: int, tokens: int, text_bytes: int) -> None:
+        if self.progress is not None:
+            raw = self._reader.stats.bytes
+            self.progress.update(documents, tokens, text_bytes, raw - self._raw_seen)
+            self._raw_seen = raw
 
     def _write(self, batch, fut) -> None:
         arrs = fut.result()                               # one int32 array per unit, no EOD yet
@@ -259,12 +266,7 @@ class FileTokenizer:
         toks_per = np.bincount(sids, weights=lengths, minlength=nsets)
         bytes_per = np.bincount(sids, weights=doc_bytes, minlength=nsets)
         for sid in np.flatnonzero(docs_per):
-            name = names[sid]
-            key = NO_SET if name is None else name
-            s = self._set_stats.setdefault(key, {"documents": 0, "tokens": 0, "text_bytes": 0})
-            s["documents"] += int(docs_per[sid])
-            s["tokens"] += int(toks_per[sid])
-            s["text_bytes"] += int(bytes_per[sid])
+            self._count_set(names[sid], int(docs_per[sid]), int(toks_per[sid]), int(bytes_per[sid]))
 
         eod = self._eod
 
@@ -286,7 +288,4 @@ class FileTokenizer:
             for sid in np.flatnonzero(docs_per):
                 idx = np.flatnonzero(sids == sid)
                 self._writer_for(names[sid]).add(flat(docs[idx]), lengths[idx], int(doc_bytes[idx].sum()))
-        if self.progress is not None:
-            raw = self._reader.stats.bytes
-            self.progress.update(len(docs), int(lengths.sum()), int(doc_bytes.sum()), raw - self._raw_seen)
-            self._raw_seen = raw
+        self._progress(len(docs), int(lengths.sum()), int(doc_bytes.sum()))

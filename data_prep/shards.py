@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from pathlib import Path
 
 import numpy as np
 
@@ -45,7 +44,7 @@ def choose_dtype(vocab_size: int, requested: str = "auto") -> np.dtype:
 
 
 # ---------------------------------------------------------------------------------------------
-# reading an index (for merging, checks and tests; megatron-core's reader is the reference)
+# reading an index header (for merging; megatron-core's IndexedDataset is the reader)
 
 class IndexInfo:
     def __init__(self, path: str | os.PathLike):
@@ -60,31 +59,6 @@ class IndexInfo:
         self.dtype = CODE_DTYPES[code]
         self.sequences = seqs
         self.doc_entries = docs
-
-    def lengths(self) -> np.ndarray:
-        """The int32 sequence lengths (memory-mapped)."""
-        if self.sequences == 0:
-            return np.zeros(0, np.int32)
-        return np.memmap(self.path, dtype="<i4", mode="r", offset=HEADER_SIZE, shape=(self.sequences,))
-
-    def document_indices(self) -> np.ndarray:
-        off = HEADER_SIZE + 12 * self.sequences
-        return np.memmap(self.path, dtype="<i8", mode="r", offset=off, shape=(self.doc_entries,))
-
-    def pointers(self) -> np.ndarray:
-        if self.sequences == 0:
-            return np.zeros(0, np.int64)
-        off = HEADER_SIZE + 4 * self.sequences
-        return np.memmap(self.path, dtype="<i8", mode="r", offset=off, shape=(self.sequences,))
-
-
-def read_document(prefix: str, index: IndexInfo, i: int) -> np.ndarray:
-    """Document ``i`` of ``prefix`` as an array (test/debug helper)."""
-    ptr = int(index.pointers()[i])
-    n = int(index.lengths()[i])
-    with open(prefix + ".bin", "rb") as f:
-        f.seek(ptr)
-        return np.frombuffer(f.read(n * index.dtype.itemsize), dtype=index.dtype.newbyteorder("<"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,11 +122,9 @@ class ShardWriter:
         """Append documents: ``tokens`` is their concatenation, ``lengths`` their sizes (all > 0)."""
         if len(lengths) == 0:
             return
-        self.counts += np.bincount(tokens, minlength=self.vocab_size)
-        tokens.astype(self.dtype, copy=False).tofile(self._bin)
+        self.add_partial(tokens)
         lengths.astype("<i4", copy=False).tofile(self._lens)
         self.documents += len(lengths)
-        self.tokens += int(tokens.size)
         self.text_bytes += text_bytes
 
     def add_partial(self, tokens: np.ndarray) -> None:
@@ -229,7 +201,3 @@ def merge_shards(parts: list[str], out_prefix: str, dtype: np.dtype, vocab_size:
     np.save(out_prefix + ".counts.npy", counts)
     tokens = int(os.path.getsize(out_prefix + ".bin") // dtype.itemsize)
     return {"documents": total, "tokens": tokens}
-
-
-def shard_files(prefix: str) -> list[Path]:
-    return [Path(prefix + s) for s in (".bin", ".idx", ".counts.npy")]

@@ -116,7 +116,7 @@ def sentences(sample: list, max_line: int):
 def train(args) -> dict:
     import sentencepiece as spm
 
-    from data_prep.sources import FileReader, expand_inputs, make_set_filter
+    from data_prep.sources import NO_SET, FileReader, expand_inputs, make_set_filter
 
     t0 = time.monotonic()
     if args.vocab_size < 300:
@@ -151,7 +151,7 @@ def train(args) -> dict:
     for _, doc, name in sample:
         h.update(len(doc).to_bytes(8, "little"))
         h.update(doc)
-        sets["(none)" if name is None else name] += 1
+        sets[NO_SET if name is None else name] += 1
     t_read = time.monotonic() - t0
     log(f"sampled {len(sample):,} of {res.seen_docs:,} docs, {human_bytes(res.bytes)} of "
         f"{human_bytes(res.seen_bytes)}; training {args.model_type} vocab {args.vocab_size:,}")

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchers.local import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,13 +30,6 @@ class RankResult:
 
 class RanksFailed(AssertionError):
     pass
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill(procs):
@@ -68,7 +63,7 @@ def run_ranks(args: list[str], nprocs: int = 2, timeout: float = 180.0, env: dic
 
     ``grace``: once one rank exits non-zero, how long the others may take to finish before being
     killed (they are usually blocked in a collective with the dead rank)."""
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
     try:
         for rank in range(nprocs):

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_prep.cli import sha256_file
 from leviathan_pretrain.config import Config, ConfigError, split_weights
 
 DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
@@ -107,8 +108,7 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
         raise ShardError(f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, "
                          f"the index needs {need})")
     manifest = find_manifest(prefix)
-    tok = manifest.get("tokenizer") if isinstance(manifest.get("tokenizer"), dict) else {}
-    vocab, max_id = tok.get("vocab_size", manifest.get("vocab_size")), None
+    vocab, max_id = manifest_tokenizer(manifest).get("vocab_size", manifest.get("vocab_size")), None
     cpath = Path(prefix + ".counts.npy")
     if cpath.is_file():
         counts = np.load(cpath, mmap_mode="r", allow_pickle=False)
@@ -121,8 +121,9 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
                      lengths, manifest)
 
 
-def manifest_tokenizer(info: ShardInfo) -> dict:
-    tok = info.manifest.get("tokenizer")
+def manifest_tokenizer(manifest: dict) -> dict:
+    """The ``tokenizer`` section of a data_prep manifest (``{}`` if there is none)."""
+    tok = manifest.get("tokenizer")
     return tok if isinstance(tok, dict) else {}
 
 
@@ -151,18 +152,29 @@ def sample_counts(cfg: Config) -> list[int]:
     return [cfg.train.steps * g, cfg.train.eval_iters * g, cfg.train.eval_iters * g]
 
 
-def check_data(cfg: Config) -> dict[str, ShardInfo]:
-    """Every shard exists, is non-empty, fits the model's vocabulary, and every used split has tokens."""
+def tokenizer_sha256(cfg: Config) -> str | None:
+    """sha256 of ``data.tokenizer`` (None if unset); checked against the shards and recorded in checkpoints."""
+    path = cfg.data.tokenizer
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise ConfigError(f"data.tokenizer: {path} does not exist")
+    return sha256_file(path)
+
+
+def check_data(cfg: Config, tok_sha: str | None = None) -> dict[str, ShardInfo]:
+    """Every shard exists, is non-empty, fits the model's vocabulary, was written with ``data.tokenizer``
+    (``tok_sha``: its sha256, computed here if not given), and every used split has tokens."""
     d = cfg.data
     if not d.prefixes:
         raise ConfigError("data.prefixes: no training shards given (a list of .bin/.idx prefixes)")
     infos = {}
-    tok_sha = file_sha256(d.tokenizer) if d.tokenizer else None
+    tok_sha = tok_sha or tokenizer_sha256(cfg)
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
         if p not in infos:
             infos[p] = inspect_shard(p)
             check_vocab(infos[p], cfg.model.vocab_size)
-            shard_sha = manifest_tokenizer(infos[p]).get("sha256")
+            shard_sha = manifest_tokenizer(infos[p].manifest).get("sha256")
             if tok_sha and shard_sha and shard_sha != tok_sha:
                 raise ShardError(f"data shard {p}: tokenized with another tokenizer (sha256 {shard_sha[:12]}...) "
                                  f"than data.tokenizer={d.tokenizer} ({tok_sha[:12]}...)")
@@ -185,15 +197,6 @@ def check_data(cfg: Config) -> dict[str, ShardInfo]:
     return infos
 
 
-def file_sha256(path: str) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class _TokenIds:
     """The few tokenizer facts GPTDataset needs (it never tokenizes: the shards are already ids)."""
 
@@ -206,16 +209,18 @@ def eod_id(cfg: Config, infos: dict[str, ShardInfo]) -> int:
     if cfg.data.eod_id is not None:
         return cfg.data.eod_id
     for info in infos.values():
-        for src in (info.manifest, manifest_tokenizer(info)):
+        for src in (info.manifest, manifest_tokenizer(info.manifest)):
             if isinstance(src.get("eod_id"), int):
                 return src["eod_id"]
     return 0
 
 
 def data_summary(cfg: Config) -> dict:
-    """:func:`check_data`, reduced to what the other ranks need (small, picklable): eod id and shard sizes."""
-    infos = check_data(cfg)
-    return {"eod_id": eod_id(cfg, infos),
+    """:func:`check_data`, reduced to what the other ranks need (small, picklable): eod id, the tokenizer's
+    sha256 and shard sizes."""
+    tok_sha = tokenizer_sha256(cfg)
+    infos = check_data(cfg, tok_sha)
+    return {"eod_id": eod_id(cfg, infos), "tokenizer_sha256": tok_sha,
             "shards": {p: {"sequences": i.num_sequences, "documents": i.num_documents, "tokens": i.num_tokens,
                            "vocab_size": i.vocab_size, "max_token_id": i.max_token_id} for p, i in infos.items()}}
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.trainer import checkpoint as ckpt
-from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary, file_sha256
+from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
 from leviathan_pretrain.trainer.faults import (EXIT_OK, EXIT_REQUEUE, BadStepCounter, Diverged, StopSignals,
                                                is_finite)
 from leviathan_pretrain.trainer.metrics import Metrics, memory_stats, perplexity, throughput
@@ -66,16 +66,6 @@ def collective_check(fn, *args):
         kind, msg = box[0]
         raise {"ConfigError": ConfigError, "ShardError": ShardError}.get(kind, ckpt.CheckpointError)(msg)
     return box[1]
-
-
-def check_tokenizer(cfg: Config) -> str | None:
-    """sha256 of ``data.tokenizer``, recorded in checkpoints (its vocabulary is checked at config load)."""
-    path = cfg.data.tokenizer
-    if not path:
-        return None
-    if not Path(path).is_file():
-        raise ConfigError(f"data.tokenizer: {path} does not exist")
-    return file_sha256(path)
 
 
 def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
@@ -146,7 +136,7 @@ class Trainer:
 
         # checks before anything expensive (rank 0 checks, every rank raises the same error)
         summary = collective_check(data_summary, cfg)
-        self.tok_sha = collective_check(check_tokenizer, cfg)
+        self.tok_sha = summary["tokenizer_sha256"]       # checked against the shards, recorded in checkpoints
         self.latest = collective_check(latest_checkpoint, cfg, self.cdir)
         self.meta = None
         if self.latest is not None:
