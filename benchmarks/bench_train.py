@@ -127,11 +127,13 @@ def summarize(dirs: list[str], warmup: int) -> list[dict]:
             sys.exit(f"error: {d}/train_log.jsonl has no timed steps after {warmup} warm-up steps")
         step_s = statistics.median(r["step_time_s"] for r in steps)
         tokens = cfg.train.global_batch_size * cfg.model.seq_length
-        world = next(r["world"] for r in reversed(recs) if r.get("event") == "layout")
+        layout = next(r for r in reversed(recs) if r.get("event") == "layout")
+        world, peak = layout["world"], layout.get("peak_flops")      # None: no known peak (CPU), no MFU
         tps = tokens / step_s
         flops = tps * model_flops_per_token(cfg) / world
         rows.append({"run": str(d), "variant": cfg.model.variant, "steps": len(steps), "step_s": step_s,
-                     "tokens_per_s": tps, "tflops_per_device": flops / 1e12, "mfu": flops / cfg.logging.peak_flops,
+                     "tokens_per_s": tps, "tflops_per_device": flops / 1e12,
+                     "mfu": flops / peak if peak else None,
                      "final_loss": steps[-1]["loss"]})
     return rows
 
@@ -140,7 +142,7 @@ def print_summary(rows: list[dict]) -> None:
     print(f"{'run':<40} {'variant':>8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'final loss':>10}")
     for r in rows:
         print(f"{r['run']:<40} {r['variant']:>8} {r['tokens_per_s']:>12,.0f} {r['tflops_per_device']:>9.2f} "
-              f"{100 * r['mfu']:>6.2f}% {r['final_loss']:>10.4f}")
+              + (f"{100 * r['mfu']:>6.2f}%" if r["mfu"] is not None else f"{'n/a':>7}") + f" {r['final_loss']:>10.4f}")
     by = {r["variant"]: r for r in rows}
     if "lev" in by and "tied" in by:
         print(f"LEV/TIED tokens/s: {by['lev']['tokens_per_s'] / by['tied']['tokens_per_s']:.3f}")

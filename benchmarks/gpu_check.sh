@@ -2,7 +2,7 @@
 # GPU check: train the 400M LEV and TIED configs for ~100 steps in bf16 on one GPU, then report tokens/s,
 # TFLOP/s and MFU of each and the LEV/TIED ratio. Never part of CI.
 #
-#   benchmarks/gpu_check.sh          one CUDA GPU (MFU against logging.peak_flops = 989e12, H100/H200 bf16)
+#   benchmarks/gpu_check.sh          one CUDA GPU (MFU against the GPU's datasheet bf16 peak, trainer/metrics.py)
 #   benchmarks/gpu_check.sh --dry    the same steps on CPU with tiny shapes: checks the script itself
 #
 # It uses only code paths the CPU tests run (megatron-core GPTModel under deepspeed.initialize, ZeRO-1,
@@ -34,8 +34,14 @@ fi
 COMMON+=(parallel.precision=bf16 parallel.zero_stage=1 parallel.tensor_parallel=1 parallel.pipeline_parallel=1
          train.steps="$STEPS" train.eval_interval=0 logging.log_interval=10 checkpoint.save_interval=1000000
          checkpoint.resume=false data.split=98,1,1 ${EXTRA:-})
+# Never delete what this script did not create: OUT is replaced only when it carries our marker.
+if [ -e "$OUT" ] && [ ! -f "$OUT/.gpu_check-output" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
+  echo "error: $OUT exists and was not written by gpu_check.sh (no .gpu_check-output marker); set OUT to another path" >&2
+  exit 2
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT/data"
+touch "$OUT/.gpu_check-output"
 echo "[gpu_check] writing a synthetic Zipf shard ($TOKENS tokens) for configs/$SCALE-lev.yaml"
 python benchmarks/bench_train.py --lev "configs/$SCALE-lev.yaml" --write-shard "$OUT/data/zipf" --tokens "$TOKENS" \
   "${COMMON[@]}" >/dev/null

@@ -4,15 +4,18 @@
 
 The corpus is the Python standard library's own .py sources as the Pile's "Github" set, written in
 the Pile's jsonl.zst format, so it exists on any machine with Python (no extra packages). Steps whose
-outputs already exist are reused (``--force`` starts over). Each step prints its paths, documents,
+outputs already exist are reused (``--force`` redoes them). Each step prints its paths, documents,
 tokens and time. ``run_demo()`` returns the paths, so a later stage (training) appends steps to it.
+
+Writes OUT/corpus/ (make_corpus's, marked), OUT/tokenizer/tokenizer.{model,vocab,_meta.json} and
+OUT/data/{train,val}.{bin,idx,counts.npy,manifest.json}. Nothing else in OUT is touched, ``--force``
+included: it replaces these files, and deletes a corpus directory only if make_corpus marked it.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,20 +27,30 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def step_corpus(out: Path, max_mb: float | None) -> dict:
+def _remove_empty_dir(d: Path) -> None:
+    if d.exists():
+        try:
+            d.rmdir()
+        except OSError:
+            raise UserError(f"{d} holds files the demo did not write: move them away (or use another --out)") \
+                from None
+
+
+def step_corpus(out: Path, max_mb: float | None, force: bool = False) -> dict:
     from data_prep import make_corpus
     corpus = out / "corpus"
     paths = {"train": [str(corpus / "train" / "00.jsonl.zst")], "val": str(corpus / "val.jsonl.zst"),
              "test": str(corpus / "test.jsonl.zst")}
     t = time.monotonic()
-    if all(os.path.exists(p) for p in (*paths["train"], paths["val"], paths["test"])):
+    if not force and all(os.path.exists(p) for p in (*paths["train"], paths["val"], paths["test"])):
         _say(f"1/3 corpus: reusing {corpus}")
         return paths
     tmp = out / "corpus.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for d in (tmp, corpus):                  # only make_corpus's own files, only in a dir it marked
+        make_corpus.clear_corpus(d)
+        _remove_empty_dir(d)
     make_corpus.build(tmp, sources=["github"], val_fraction=0.02, quiet=True,
                       max_bytes=int(max_mb * 1e6) if max_mb else None)
-    shutil.rmtree(corpus, ignore_errors=True)
     os.replace(tmp, corpus)
     sizes = {"train": os.path.getsize(paths["train"][0]), "val": os.path.getsize(paths["val"])}
     _say(f"1/3 corpus: the standard library's .py files as Pile 'Github' documents -> {corpus}/ "
@@ -46,10 +59,10 @@ def step_corpus(out: Path, max_mb: float | None) -> dict:
     return paths
 
 
-def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float) -> str:
+def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float, force: bool = False) -> str:
     from data_prep import train_tokenizer
     model = out / "tokenizer" / "tokenizer.model"
-    if model.exists():
+    if model.exists() and not force:
         _say(f"2/3 tokenizer: reusing {model}")
         return str(model)
     t = time.monotonic()
@@ -62,12 +75,12 @@ def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float) -
     return str(model)
 
 
-def step_shards(out: Path, corpus: dict, model: str, workers: int | None) -> dict:
+def step_shards(out: Path, corpus: dict, model: str, workers: int | None, force: bool = False) -> dict:
     from data_prep import tokenize
     prefixes = {"train": str(out / "data" / "train"), "val": str(out / "data" / "val")}
     for i, (split, prefix) in enumerate(prefixes.items()):
         inputs = corpus["train"] if split == "train" else [corpus["val"]]
-        if os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".manifest.json"):
+        if not force and os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".manifest.json"):
             _say(f"3/3 shards: reusing {prefix}.bin/.idx")
             continue
         t = time.monotonic()
@@ -84,15 +97,14 @@ def step_shards(out: Path, corpus: dict, model: str, workers: int | None) -> dic
 
 def run_demo(out, *, vocab_size: int = 8000, sample_mb: float = 8.0, max_mb: float | None = None,
              workers: int | None = None, force: bool = False) -> dict:
-    """Run the data steps; returns ``{"out", "corpus", "tokenizer", "train_prefix", "val_prefix"}``."""
+    """Run the data steps; returns ``{"out", "corpus", "tokenizer", "train_prefix", "val_prefix"}``.
+    ``force`` redoes every step (replacing only the demo's own files; nothing else in ``out`` is deleted)."""
     out = Path(out)
-    if force:
-        shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    corpus = step_corpus(out, max_mb)
-    model = step_tokenizer(out, corpus, vocab_size, sample_mb)
-    prefixes = step_shards(out, corpus, model, workers)
+    corpus = step_corpus(out, max_mb, force)
+    model = step_tokenizer(out, corpus, vocab_size, sample_mb, force)
+    prefixes = step_shards(out, corpus, model, workers, force)
     result = {"out": str(out), "corpus": corpus, "tokenizer": model, "train_prefix": prefixes["train"],
               "val_prefix": prefixes["val"]}
     _say(f"done in {time.monotonic() - t0:.1f} s: tokenizer {model}, train {prefixes['train']}, "
@@ -108,7 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-mb", type=float, default=8.0, help="tokenizer training sample (MB)")
     ap.add_argument("--max-mb", type=float, help="cap the corpus at about this much text")
     ap.add_argument("--workers", type=int, help="tokenizer threads (default: usable cores)")
-    ap.add_argument("--force", action="store_true", help="delete OUT and start over")
+    ap.add_argument("--force", action="store_true",
+                    help="redo every step, replacing the demo's own files (nothing else in OUT is deleted)")
     args = ap.parse_args(argv)
     run_demo(args.out, vocab_size=args.vocab_size, sample_mb=args.sample_mb, max_mb=args.max_mb,
              workers=args.workers, force=args.force)

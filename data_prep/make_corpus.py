@@ -12,8 +12,10 @@ Debian packages:
   python -m data_prep.make_corpus OUT_DIR [--sources github,pythondocs,dictionary] [--train-shards 1]
 
 Writes OUT_DIR/train/00.jsonl.zst (.. NN with --train-shards), OUT_DIR/val.jsonl.zst and
-OUT_DIR/test.jsonl.zst and prints a summary. Deterministic for a given seed and machine. With the
-defaults the output is byte-identical to the shared make-minipile tool's (~80 MB train split).
+OUT_DIR/test.jsonl.zst and prints a summary; OUT_DIR is marked with .data_prep-corpus.json. Deterministic
+for a given seed and machine. With the defaults the output is byte-identical to the shared make-minipile
+tool's (~80 MB train split). --force replaces a corpus make_corpus wrote (only its own files: other
+files in OUT_DIR stay); a non-empty OUT_DIR without the marker is refused even with --force.
 """
 from __future__ import annotations
 
@@ -22,18 +24,48 @@ import gzip
 import json
 import os
 import random
-import shutil
+import re
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from data_prep.cli import UserError, run_main
+from data_prep.cli import UserError, run_main, write_json_atomic
 
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 SOURCES = ("github", "pythondocs", "dictionary")
 PACKAGES = {"pythondocs": ("python3.11-doc", DOCS), "dictionary": ("dict-gcide", GCIDE)}
+MARKER = ".data_prep-corpus.json"
+_OURS = re.compile(r"(val|test)\.jsonl\.zst(\.tmp)?")
+_OURS_TRAIN = re.compile(r"\d{2,}\.jsonl\.zst(\.tmp)?")
+
+
+def is_ours(out_dir) -> bool:
+    """Whether ``out_dir`` carries make_corpus's marker."""
+    return (Path(out_dir) / MARKER).is_file()
+
+
+def clear_corpus(out_dir) -> None:
+    """Delete the files make_corpus writes (train/NN, val, test .jsonl.zst, their .tmp, the marker) from
+    ``out_dir`` - only if it carries the marker - and ``train/`` if that leaves it empty. Other files stay."""
+    out = Path(out_dir)
+    if not out.exists():
+        return
+    if not is_ours(out):
+        if out.is_dir() and not any(out.iterdir()):
+            return
+        raise UserError(f"{out} is not empty and was not written by data_prep.make_corpus (no {MARKER}): "
+                        "not deleting it; move it away or choose another output directory")
+    train = out / "train"
+    for d, pattern in ((out, _OURS), (train, _OURS_TRAIN)):
+        if d.is_dir():
+            for p in d.iterdir():
+                if pattern.fullmatch(p.name) and not p.is_dir():
+                    p.unlink()
+    if train.is_dir() and not any(train.iterdir()):
+        train.rmdir()
+    (out / MARKER).unlink()
 
 
 def ensure_packages(sources) -> None:
@@ -133,7 +165,11 @@ def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, i
     for k in range(train_shards):
         splits[f"train/{k:02d}"] = train[k * per:(k + 1) * per]
     out = Path(out_dir)
-    (out / "train").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / MARKER, {"format": "leviathan-data-prep-corpus/1", "note": (   # before any data
+        "written by python -m data_prep.make_corpus; --force deletes only train/NN.jsonl.zst, "
+        "val.jsonl.zst, test.jsonl.zst and this file")})
+    (out / "train").mkdir(exist_ok=True)
     result = {"train": [], "val": None, "test": None}
     for name, items in splits.items():
         path = out / f"{name}.jsonl.zst"
@@ -158,13 +194,18 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-shards", type=int, default=1, help="split train into this many files")
     ap.add_argument("--max-mb", type=float, help="stop after about this much text (after shuffling)")
-    ap.add_argument("--force", action="store_true", help="replace an existing OUT_DIR")
+    ap.add_argument("--force", action="store_true",
+                    help="replace a corpus make_corpus wrote in OUT_DIR (deletes only its own files; an "
+                         "unmarked non-empty OUT_DIR is refused)")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output is not a directory: {out}")
     if out.exists() and any(out.iterdir()):
         if not args.force:
-            raise UserError(f"output directory is not empty: {out} (pass --force to replace it)")
-        shutil.rmtree(out)
+            raise UserError(f"output directory is not empty: {out} (pass --force to replace the corpus "
+                            "make_corpus wrote there)")
+        clear_corpus(out)
     build(out, [s.strip() for s in args.sources.split(",") if s.strip()], args.val_fraction, args.seed,
           args.train_shards, args.install, max_bytes=int(args.max_mb * 1e6) if args.max_mb else None)
     return 0

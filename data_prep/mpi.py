@@ -9,7 +9,9 @@
 * rank 0 gathers the part summaries, merges the parts **in input order** into the final prefix and
   writes the one manifest. Document order is input order, so the bytes equal a one-process run's.
 
-The work dir (default ``PREFIX.work``) must be on a filesystem every rank sees.
+The work dir (``PREFIX.work``, or ``DIR/<prefix basename>.data_prep-work`` with ``--work-dir DIR``) must
+be on a filesystem every rank sees. Rank 0 creates and marks it (or refuses a directory that is not
+data_prep's) and takes its lock before any rank writes there; see data_prep/parts.py.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def run_mpi(make_job) -> int:
         job = make_job()
         job.ranks = size
         if rank == 0:
-            lock = WorkLock(job.work_dir).__enter__()
+            lock = WorkLock(job.work_dir, job.out_prefix).__enter__()     # creates and marks the work dir
     except BaseException as e:
         err = _err(e)
     errs = comm.allgather(err)

@@ -7,11 +7,20 @@ Layout (default work dir ``PREFIX.work``, next to the outputs so renames stay on
     PREFIX.work/part-00001.tmp/   an input being tokenized (renamed to part-00001/ when complete)
     PREFIX.work/merged/           merge output, renamed to the final names at the very end
 
+With ``--work-dir DIR`` the work dir is ``DIR/<prefix basename>.data_prep-work``: DIR itself is never
+written to nor deleted. The work dir is ours only when it carries ``.data_prep-work.json`` (naming the
+output prefix): we create and mark it (or mark an empty directory we find there); a non-empty directory
+without the marker, or one marked for another prefix, is refused. Cleaning up removes only the entries
+we write (``lock``, ``part-NNNNN[.tmp]``, ``merged``, the marker) and the directory if we created it.
+
 A part is **reused** on a re-run when its ``part.json`` fingerprint (tokenizer sha256, dtype, options)
 matches, its files are all there with the recorded sizes, and the input file's sha256 still matches.
 Anything else is redone. Final names appear only at the end, by ``os.replace``: every ``.bin`` first,
 then ``.counts.npy``, then the manifest, then every ``.idx`` (an ``.idx`` present means its ``.bin`` is
-complete). Then the work dir is removed (``--keep-work`` keeps it).
+complete). Then the work dir is cleaned up (``--keep-work`` keeps it).
+
+``--overwrite`` deletes only this prefix's own stale files: ``PREFIX.<slug>.bin/.idx/.counts.npy`` in
+PREFIX's directory for set shards the previous manifest lists and this run does not write.
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -34,6 +44,9 @@ from data_prep.pipeline import FileTokenizer, Tokenizer, set_slug
 from data_prep.shards import merge_shards
 
 MAX_EXAMPLES = 20
+WORK_MARKER = ".data_prep-work.json"
+WORK_SUFFIX = ".data_prep-work"               # --work-dir DIR: DIR/<prefix basename>.data_prep-work
+_OUR_WORK_ENTRY = re.compile(r"lock|merged|part-\d{5}(\.tmp)?|" + re.escape(WORK_MARKER) + r"\.tmp\d+")
 
 
 @dataclass
@@ -69,15 +82,97 @@ def existing_outputs(prefix: str) -> list[str]:
     return found
 
 
-class WorkLock:
-    """An exclusive flock on WORK/lock: one run per output prefix at a time (released if killed)."""
+def work_dir_for(prefix: str, work_dir_option: str | None) -> Path:
+    """``PREFIX.work``, or ``DIR/<prefix basename>.data_prep-work`` with ``--work-dir DIR``."""
+    if work_dir_option:
+        return Path(work_dir_option) / (os.path.basename(prefix) + WORK_SUFFIX)
+    return Path(prefix + ".work")
 
-    def __init__(self, work_dir: Path):
+
+def _read_marker(work_dir: Path) -> dict | None:
+    try:
+        m = json.loads((Path(work_dir) / WORK_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and m.get("format") == "leviathan-data-prep-work/1" else None
+
+
+def claim_work_dir(work_dir: Path, prefix: str) -> None:
+    """Create and mark the work dir, or check that an existing one is ours and for ``prefix``.
+
+    A new directory is made under a temporary name with the marker inside, then renamed into place;
+    an existing empty one is marked (and left in place at clean-up); anything else unmarked is refused."""
+    work_dir = Path(work_dir)
+    mine = os.path.realpath(prefix)
+    marker = {"format": "leviathan-data-prep-work/1", "output_prefix": mine, "created_dir": True,
+              "note": "data_prep.tokenize work files; removed after a successful run (--keep-work keeps them)"}
+    if not os.path.lexists(work_dir):
+        try:
+            work_dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = work_dir.with_name(f"{work_dir.name}.new{os.getpid()}")
+            tmp.mkdir()
+        except OSError as e:
+            raise UserError(f"cannot create work directory {work_dir}: {e.strerror}") from None
+        write_json_atomic(tmp / WORK_MARKER, marker)
+        try:
+            os.rename(tmp, work_dir)
+        except OSError:                     # created meanwhile (another run): inspect it below
+            os.unlink(tmp / WORK_MARKER)
+            tmp.rmdir()
+    if not work_dir.is_dir():
+        raise UserError(f"work directory {work_dir} is not a directory; pass --work-dir DIR to work elsewhere")
+    found = _read_marker(work_dir)
+    if found is None:
+        if any(work_dir.iterdir()):
+            raise UserError(f"{work_dir} exists, is not empty and is not a data_prep work directory (no "
+                            f"{WORK_MARKER}): refusing to use it; move its files away, or pass --work-dir DIR "
+                            f"(work files then go to DIR/{os.path.basename(prefix)}{WORK_SUFFIX})")
+        write_json_atomic(work_dir / WORK_MARKER, {**marker, "created_dir": False})
+    elif found.get("output_prefix") != mine:
+        raise UserError(f"work directory {work_dir} belongs to output prefix {found.get('output_prefix')}, "
+                        f"not {mine}: pass another --work-dir (or remove {work_dir} if that run is over)")
+
+
+def remove_work_dir(work_dir: Path) -> None:
+    """Remove what data_prep wrote in its (marked) work dir; the directory too if we created it."""
+    work_dir = Path(work_dir)
+    marker = _read_marker(work_dir)
+    if marker is None:
+        log(f"note: not removing {work_dir}: it has no {WORK_MARKER}")
+        return
+    for entry in os.scandir(work_dir):
+        if _OUR_WORK_ENTRY.fullmatch(entry.name):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+    left = sorted(n for n in os.listdir(work_dir) if n != WORK_MARKER)
+    if left:
+        log(f"note: kept {work_dir} (with {left[0]}{' and more' if len(left) > 1 else ''}): data_prep "
+            "did not write it")
+        return
+    os.unlink(work_dir / WORK_MARKER)
+    if marker.get("created_dir", True):
+        try:
+            work_dir.rmdir()
+        except OSError:
+            pass
+
+
+class WorkLock:
+    """Claims the work dir (:func:`claim_work_dir`), then an exclusive flock on WORK/lock: one run per
+    output prefix at a time (released if killed)."""
+
+    def __init__(self, work_dir: Path, prefix: str):
         self.path = Path(work_dir) / "lock"
+        self.prefix = prefix
         self.fd = None
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        claim_work_dir(self.path.parent, self.prefix)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -224,17 +319,11 @@ def finalize(job: Job, metas: list, t_start: float) -> dict:
     }
     write_json_atomic(merged / "manifest.json", manifest)
 
-    old = []
-    if job.overwrite and os.path.exists(job.out_prefix + ".manifest.json"):
-        try:
-            prev = json.loads(Path(job.out_prefix + ".manifest.json").read_text())
-            old = [f for o in prev.get("outputs", []) for f in (o.get("bin"), o.get("idx"), o.get("counts"))]
-        except (OSError, ValueError):
-            pass
-    new = {o["prefix"] + e for o in outputs for e in (".bin", ".idx", ".counts.npy")}
-    for f in old:
-        if f and f not in new and os.path.exists(f):
-            os.unlink(f)
+    if job.overwrite:
+        new = {o["prefix"] + e for o in outputs for e in (".bin", ".idx", ".counts.npy")}
+        for f in stale_own_files(job.out_prefix):
+            if f not in new:
+                os.unlink(f)
     # final names, .idx last: an .idx under its final name means the pair is complete
     for o in outputs:
         os.replace(o["tmp"] + ".bin", o["prefix"] + ".bin")
@@ -247,5 +336,32 @@ def finalize(job: Job, metas: list, t_start: float) -> dict:
     for o in outputs:
         os.replace(o["tmp"] + ".idx", o["prefix"] + ".idx")
     if not job.keep_work:
-        shutil.rmtree(job.work_dir, ignore_errors=True)
+        remove_work_dir(job.work_dir)
     return manifest
+
+
+_SLUG = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def stale_own_files(prefix: str) -> list[str]:
+    """The shards the manifest at PREFIX.manifest.json lists that are PREFIX's own by name:
+    ``PREFIX[.<slug>].bin/.idx/.counts.npy`` in PREFIX's directory. A listed path elsewhere, or named for
+    another prefix (e.g. ``PREFIX.<slug>`` that has a manifest of its own), is never returned."""
+    try:
+        prev = json.loads(Path(prefix + ".manifest.json").read_text())
+        listed = [str(o["prefix"]) for o in prev.get("outputs", []) if isinstance(o, dict) and o.get("prefix")]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+    d, base = os.path.dirname(os.path.abspath(prefix)), os.path.basename(prefix)
+    found = []
+    for p in listed:
+        name = os.path.basename(p)
+        if name != base and not (name.startswith(base + ".") and _SLUG.fullmatch(name[len(base) + 1:])):
+            continue
+        if os.path.realpath(os.path.dirname(os.path.abspath(p))) != os.path.realpath(d):
+            continue
+        own = os.path.join(os.path.dirname(prefix), name)
+        if name != base and os.path.exists(own + ".manifest.json"):       # another run's prefix
+            continue
+        found += [own + e for e in (".bin", ".idx", ".counts.npy") if os.path.isfile(own + e)]
+    return sorted(set(found))

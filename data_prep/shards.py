@@ -156,21 +156,29 @@ class ShardWriter:
 
 
 def _append_file(src: str, dst) -> None:
+    """Append ``src`` to the open binary file ``dst``: an in-kernel copy (reflink on XFS/btrfs), and if
+    that fails at any point, a read loop from the byte it reached - in both files - so no byte is
+    copied twice or skipped."""
+    dst.flush()                                # earlier buffered writes land before the kernel copy
+    out = dst.fileno()
+    start = os.lseek(out, 0, os.SEEK_CUR)      # the kernel's offset (the copy moves it, not Python's)
+    done = 0
     with open(src, "rb") as f:
-        try:                                   # in-kernel copy (reflink on XFS/btrfs), else a read loop
-            size = os.fstat(f.fileno()).st_size
-            done = 0
+        size = os.fstat(f.fileno()).st_size
+        try:
             while done < size:
-                n = os.copy_file_range(f.fileno(), dst.fileno(), size - done)
+                n = os.copy_file_range(f.fileno(), out, size - done)
                 if n == 0:
                     break
                 done += n
-            if done == size:
-                return
-            f.seek(done)
-        except (AttributeError, OSError):
-            f.seek(0)
+        except (AttributeError, OSError):      # unsupported here, or failed part-way: ``done`` bytes are in
+            pass
+        if done == size:
+            return
+        f.seek(done)
+        os.lseek(out, start + done, os.SEEK_SET)
         shutil.copyfileobj(f, dst, 1 << 24)
+        dst.flush()
 
 
 def merge_shards(parts: list[str], out_prefix: str, dtype: np.dtype, vocab_size: int) -> dict:

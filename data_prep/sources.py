@@ -6,7 +6,9 @@ What counts as bad input, and what happens (the policy the README documents):
   of each kind are logged with ``FILE:LINE`` and kept in ``skipped_examples``; with
   ``--on-bad-record error`` the first one is instead a hard error naming ``FILE:LINE``:
   ``invalid_json``, ``invalid_utf8``, ``not_an_object``, ``missing_text_key``, ``text_not_a_string``,
-  ``empty_text``, ``whitespace_only``, ``blank_line`` (an empty line in a jsonl file), and
+  ``empty_text``, ``whitespace_only``, ``blank_line`` (an empty line in a jsonl file),
+  ``record_too_long`` (a line / text record longer than ``max_record_bytes``, e.g. a corrupt file
+  without newlines: its bytes are dropped as they are read, never held whole), and
   ``no_tokens`` (counted by the tokenizer: the text encodes to nothing).
 * file-level problems are **hard errors** naming the file (and the line reached): a missing or
   unreadable input, a truncated or corrupt ``.zst`` stream. A broken download must not turn into a
@@ -44,7 +46,18 @@ PRESETS = {
 }
 
 SKIP_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_key", "text_not_a_string",
-                "empty_text", "whitespace_only", "blank_line", "no_tokens")
+                "empty_text", "whitespace_only", "blank_line", "record_too_long", "no_tokens")
+MAX_RECORD_BYTES = 512_000_000     # default bound on one line / record: far above any real document
+
+
+class _TooLong:
+    """Stands in for a line or record longer than ``max_record_bytes`` (its bytes were dropped)."""
+
+    def __repr__(self) -> str:
+        return "TOO_LONG"
+
+
+TOO_LONG = _TooLong()
 EXAMPLES_PER_REASON = 5
 NO_SET = "(none)"            # set name reported for records without meta.pile_set_name
 U2581 = "\u2581".encode()   # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
@@ -159,12 +172,14 @@ class FileReader:
 
     Reads and hashes the raw bytes in ``read_size`` chunks, decompresses zstd frame by frame (a
     truncated stream is an error), splits lines without quadratic copying, parses with orjson.
-    Memory is bounded by ``batch_bytes`` plus the longest single document.
+    Memory is bounded by ``batch_bytes`` plus the longest single document, at most ``max_record_bytes``:
+    a longer line (or text record) is skipped as ``record_too_long`` while it is read.
     """
 
     def __init__(self, path: str, *, fmt: str = "auto", json_key: str = "text", text_unit: str = "file",
                  set_filter: SetFilter | None = None, on_bad: str = "skip",
-                 batch_bytes: int = 4 << 20, max_batch_docs: int = 1 << 16, read_size: int = 1 << 20):
+                 batch_bytes: int = 4 << 20, max_batch_docs: int = 1 << 16, read_size: int = 1 << 20,
+                 max_record_bytes: int = MAX_RECORD_BYTES):
         self.path = path
         self.fmt, self.compressed = input_format(path, fmt)
         if text_unit not in ("file", "line", "paragraph"):
@@ -176,6 +191,7 @@ class FileReader:
         self.batch_bytes = batch_bytes
         self.max_batch_docs = max_batch_docs
         self.read_size = read_size
+        self.max_record = max_record_bytes
         self.stats = FileStats(path)
         self.set_names: list = []
         self._set_index: dict = {}
@@ -223,25 +239,43 @@ class FileReader:
         self.stats.sha256 = h.hexdigest()
 
     def _lines(self):
-        """Complete lines (without the trailing newline); the last line may lack one."""
-        pending = []
+        """Complete lines (without the trailing newline); the last line may lack one. A line longer
+        than ``max_record_bytes`` is yielded as :data:`TOO_LONG`: its bytes are dropped as they come."""
+        limit = self.max_record
+        pending, plen, dropping = [], 0, False       # the start of the current line; skipping one?
         for data in self._chunks():
             last = data.rfind(b"\n")
             if last < 0:
-                pending.append(data)
+                if not dropping:
+                    pending.append(data)
+                    plen += len(data)
+                    if plen > limit:
+                        pending, plen, dropping = [], 0, True
                 continue
             first = data.find(b"\n")
-            if pending:
+            if dropping or plen + first > limit:
+                yield TOO_LONG
+            elif pending:
                 pending.append(data[:first])
                 yield b"".join(pending)
-                pending = []
             else:
                 yield data[:first]
+            pending, plen, dropping = [], 0, False
             if last > first:
-                yield from data[first + 1:last].split(b"\n")
+                if last - first <= limit:            # no line in between can be too long
+                    yield from data[first + 1:last].split(b"\n")
+                else:
+                    for line in data[first + 1:last].split(b"\n"):
+                        yield line if len(line) <= limit else TOO_LONG
             if last + 1 < len(data):
-                pending.append(data[last + 1:])
-        if pending:
+                tail = data[last + 1:]
+                if len(tail) > limit:
+                    dropping = True
+                else:
+                    pending, plen = [tail], len(tail)
+        if dropping:
+            yield TOO_LONG
+        elif pending:
             tail = b"".join(pending)
             if tail:
                 yield tail
@@ -273,6 +307,9 @@ class FileReader:
         for line in self._lines():
             self.line += 1
             self.stats.records += 1
+            if line is TOO_LONG:
+                self._skip("record_too_long", f"longer than {self.max_record:,} bytes")
+                continue
             if not line or line.isspace():
                 self._skip("blank_line")
                 continue
@@ -312,11 +349,21 @@ class FileReader:
             if self._usable(text, doc):
                 yield doc, name
 
+    def _whole_file(self):
+        """The file as one record, or TOO_LONG (the rest is still read: hashed, zstd checked)."""
+        parts, n = [], 0
+        for data in self._chunks():
+            n += len(data)
+            if n <= self.max_record:
+                parts.append(data)
+            elif parts:
+                parts = []
+        self.line = 1
+        yield b"".join(parts) if n <= self.max_record else TOO_LONG
+
     def _text_docs(self):
         if self.text_unit == "file":
-            data = b"".join(self._chunks())
-            self.line = 1
-            units = [data]
+            units = self._whole_file()
         elif self.text_unit == "line":
             units = self._lines()
         else:
@@ -326,6 +373,9 @@ class FileReader:
             if self.text_unit == "line":
                 self.line += 1
             self.stats.records += 1
+            if raw is TOO_LONG:
+                self._skip("record_too_long", f"longer than {self.max_record:,} bytes")
+                continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as u:
@@ -350,21 +400,28 @@ class FileReader:
         return True
 
     def _paragraphs(self):
-        """Blank-line separated paragraphs; ``self.line`` is the first line of each."""
-        buf, start, n = [], 0, 0
+        """Blank-line separated paragraphs; ``self.line`` is the first line of each. A paragraph longer
+        than ``max_record_bytes`` is TOO_LONG (its lines are dropped as they come)."""
+        buf, size, start, n = [], -1, 0, 0            # size: bytes joined so far (-1: no paragraph)
         for line in self._lines():
             n += 1
-            if line.strip():
-                if not buf:
-                    start = n
-                buf.append(line)
-            elif buf:
+            if line is TOO_LONG or line.strip():
+                if size < 0:
+                    start, size = n, 0
+                else:
+                    size += 1                          # the newline joining it to the previous line
+                size += self.max_record + 1 if line is TOO_LONG else len(line)
+                if size <= self.max_record:
+                    buf.append(line)
+                else:
+                    buf = []
+            elif size >= 0:
                 self.line = start
-                yield b"\n".join(buf)
-                buf = []
-        if buf:
+                yield b"\n".join(buf) if size <= self.max_record else TOO_LONG
+                buf, size = [], -1
+        if size >= 0:
             self.line = start
-            yield b"\n".join(buf)
+            yield b"\n".join(buf) if size <= self.max_record else TOO_LONG
 
     def batches(self, chunk_bytes: int = 0):
         """Yield batches; with ``chunk_bytes`` > 0, documents longer than twice that are cut into

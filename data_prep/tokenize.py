@@ -48,9 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="token dtype; auto = uint16 if vocab <= 65536 else int32")
     ap.add_argument("--on-bad-record", default="skip", choices=("skip", "error"),
                     help="skip (and count) unusable records, or stop at the first one naming FILE:LINE")
-    ap.add_argument("--overwrite", action="store_true", help="replace existing outputs under PREFIX")
-    ap.add_argument("--work-dir", help="partial shards for resuming (default: PREFIX.work)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace existing outputs: PREFIX.bin/.idx/.counts.npy/.manifest.json, and delete "
+                         "PREFIX.<set>.* shards of the previous run (only PREFIX's own files, in its directory)")
+    ap.add_argument("--work-dir", metavar="DIR",
+                    help="partial shards for resuming go to DIR/<prefix basename>.data_prep-work (default: "
+                         "PREFIX.work); created and marked by data_prep, removed after success; DIR itself is "
+                         "never deleted, and an existing unmarked non-empty work dir is refused")
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir after success")
+    ap.add_argument("--max-record-bytes", type=float, default=512.0, metavar="MB",
+                    help="skip (as record_too_long) a jsonl line / text record longer than this, without "
+                         "holding it in memory (default 512 MB, meant to be far above any real document)")
     ap.add_argument("--batch-bytes", type=float, default=4.0, metavar="MB",
                     help="text per encoder batch in MB (default 4); peak memory is about "
                          "100 MB + 6 x workers x this, whatever the corpus size")
@@ -67,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_job(args, argv):
-    from data_prep.parts import Job, existing_outputs
+    from data_prep.parts import Job, existing_outputs, work_dir_for
     from data_prep.pipeline import Tokenizer
     from data_prep.shards import choose_dtype
     from data_prep.sources import expand_inputs, input_format, make_set_filter
@@ -76,6 +84,9 @@ def make_job(args, argv):
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     if args.batch_bytes <= 0:
         raise UserError(f"--batch-bytes must be > 0, got {args.batch_bytes}")
+    if args.max_record_bytes <= 0:
+        raise UserError(f"--max-record-bytes must be > 0, got {args.max_record_bytes}")
+    max_record = max(1, int(args.max_record_bytes * 1e6))
     inputs = expand_inputs(args.input)
     for p in inputs:
         input_format(p, args.format)
@@ -103,11 +114,12 @@ def make_job(args, argv):
         raise UserError(f"output directory is not writable: {parent}")
     reader_kwargs = {"fmt": args.format, "json_key": args.json_key, "text_unit": args.text_unit,
                      "set_filter": sf, "on_bad": args.on_bad_record,
-                     "batch_bytes": max(1, int(args.batch_bytes * 1e6))}
+                     "batch_bytes": max(1, int(args.batch_bytes * 1e6)), "max_record_bytes": max_record}
     options = {"json_key": args.json_key, "format": args.format, "text_unit": args.text_unit,
-               "on_bad_record": args.on_bad_record, "preset": args.preset, **sf.describe()}
+               "on_bad_record": args.on_bad_record, "preset": args.preset, "max_record_bytes": max_record,
+               **sf.describe()}
     return Job(inputs=inputs, tok=tok, dtype=dtype, out_prefix=prefix,
-               work_dir=Path(args.work_dir or prefix + ".work"), workers=args.workers,
+               work_dir=work_dir_for(prefix, args.work_dir), workers=args.workers,
                split_by_set=args.split_by_set, reader_kwargs=reader_kwargs, options=options,
                overwrite=args.overwrite, keep_work=args.keep_work, command=["python", "-m", "data_prep.tokenize",
                                                                               *(argv or sys.argv[1:])],
@@ -118,7 +130,7 @@ def run_single(job) -> dict:
     from data_prep.parts import WorkLock, finalize, run_part
     from data_prep.progress import Progress
     t0 = time.monotonic()
-    with WorkLock(job.work_dir):
+    with WorkLock(job.work_dir, job.out_prefix):
         total = sum(os.path.getsize(p) for p in job.inputs)
         prog = Progress(total, enabled=job.show_progress, interval=job.progress_interval)
         try:

@@ -4,7 +4,8 @@
 
 One pass over the inputs keeps a uniform random sample of documents within --sample-bytes (bottom-k
 reservoir over seeded random keys: memory stays at the budget, the sample depends only on the seed
-and the input order). Documents longer than --max-doc-bytes contribute a seeded random window.
+and the input order). Documents longer than --max-doc-bytes contribute a seeded random window; input
+records longer than --max-record-bytes are skipped (record_too_long) without being held in memory.
 The sample is fed to SentencePiece line by line (lines longer than --max-line-bytes are cut).
 
 Model settings: BPE (or --model-type unigram), byte fallback, digits split, identity normalization,
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longer documents contribute a random window of this size (default 100 KB)")
     ap.add_argument("--max-line-bytes", type=int, default=4096,
                     help="longer lines are cut into pieces of at most this many bytes (default 4096)")
+    ap.add_argument("--max-record-bytes", type=float, default=512.0, metavar="MB",
+                    help="skip (as record_too_long) an input jsonl line / text record longer than this, "
+                         "without holding it in memory (default 512 MB)")
     ap.add_argument("--character-coverage", type=float, default=0.9999)
     ap.add_argument("--user-defined-symbols", default="", help="comma-separated extra pieces")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="trainer threads")
@@ -121,8 +125,9 @@ def train(args) -> dict:
     t0 = time.monotonic()
     if args.vocab_size < 300:
         raise UserError(f"--vocab-size {args.vocab_size} is too small (byte fallback alone needs 256 + 3 pieces)")
-    if args.sample_bytes <= 0 or args.max_doc_bytes <= 0 or args.max_line_bytes < 16:
-        raise UserError("--sample-bytes and --max-doc-bytes must be > 0, --max-line-bytes >= 16")
+    if args.sample_bytes <= 0 or args.max_doc_bytes <= 0 or args.max_line_bytes < 16 or args.max_record_bytes <= 0:
+        raise UserError("--sample-bytes, --max-doc-bytes and --max-record-bytes must be > 0, --max-line-bytes >= 16")
+    max_record = max(1, int(args.max_record_bytes * 1e6))
     out = Path(args.output)
     if (out / "tokenizer.model").exists() and not args.overwrite:
         raise UserError(f"output already exists: {out / 'tokenizer.model'} (pass --overwrite to replace it)")
@@ -131,7 +136,8 @@ def train(args) -> dict:
     res = Reservoir(int(args.sample_bytes * 1e6), int(args.max_doc_bytes * 1e3), args.seed)
     in_meta, skipped = [], Counter()
     for fi, path in enumerate(inputs):
-        r = FileReader(path, fmt=args.format, json_key=args.json_key, text_unit=args.text_unit, set_filter=sf)
+        r = FileReader(path, fmt=args.format, json_key=args.json_key, text_unit=args.text_unit, set_filter=sf,
+                       max_record_bytes=max_record)
         seq = 0
         for batch in r.batches():
             for doc, sid in zip(batch.units, batch.set_ids):
@@ -196,7 +202,7 @@ def train(args) -> dict:
         "trainer_settings": settings,
         "sample": {
             "seed": args.seed, "budget_bytes": res.budget, "max_doc_bytes": res.max_doc,
-            "max_line_bytes": args.max_line_bytes, "documents_seen": res.seen_docs,
+            "max_line_bytes": args.max_line_bytes, "max_record_bytes": max_record, "documents_seen": res.seen_docs,
             "bytes_seen": res.seen_bytes, "documents": len(sample), "bytes": res.bytes,
             "sha256": h.hexdigest(), "sets": dict(sorted(sets.items())), "skipped": dict(skipped),
             "filter": sf.describe(), "preset": args.preset,

@@ -137,12 +137,17 @@ class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     pipeline_engine: bool = False          # use DeepSpeed's pipeline engine even at pipeline_parallel=1
-    sequence_parallel: bool = False        # GPU only
+    sequence_parallel: bool = False        # refused at load: not implemented end to end (see validate)
     zero_stage: int = 1
     backend: str = "auto"                  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
     precision: str = "fp32"                # fp32 | bf16 | fp16
     device: str = "auto"                   # auto | cpu | cuda
-    timeout_minutes: float = 10.0          # collective timeout (a hung rank fails the job after this)
+    # True: megatron-core's layers draw their full master weights on the CPU and keep their slice (TP = N
+    # starts from exactly the TP = 1 weights; every rank then builds whole V x D tables on the CPU: slow,
+    # GBs of RAM at V = 200k). False: on the GPU, per TP shard (megatron's default). CPU runs always do the former.
+    init_on_cpu: bool = False
+    timeout_minutes: float = 10.0          # TP/PP/DP collectives of the training steps: a hung rank fails the job
+    init_timeout_minutes: float = 60.0     # the world group: start-up (data checks, index build), checkpoint barriers
 
     def validate(self, prefix: str) -> None:
         require(self.tensor_parallel >= 1, f"{prefix}.tensor_parallel", "must be >= 1")
@@ -156,6 +161,12 @@ class ParallelConfig:
         require(self.precision in ("fp32", "bf16", "fp16"), f"{prefix}.precision", f"unknown {self.precision!r}")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", f"unknown {self.device!r}")
         require(self.timeout_minutes > 0, f"{prefix}.timeout_minutes", "must be > 0")
+        require(self.init_timeout_minutes > 0, f"{prefix}.init_timeout_minutes", "must be > 0")
+        require(not self.sequence_parallel, f"{prefix}.sequence_parallel",
+                "not supported yet: megatron-core's WrappedTorchNorm refuses sequence parallelism (it needs "
+                "Apex or Transformer Engine norms) and DeepSpeed does not all-reduce the sequence-parallel norm "
+                "gradients over the tensor-parallel group (megatron's finalize_model_grads is never called), so "
+                "the norms would train wrongly; set it to false")
 
     @property
     def uses_pipeline_engine(self) -> bool:
@@ -182,6 +193,8 @@ class DataConfig:
     seed: int = 1234                                     # shuffling seed of the sample order
     eod_id: int | None = None                            # end-of-document id; None -> from the manifest, else 0
     eod_mask_loss: bool = False                          # no loss on predicting the token after an EOD
+    require_prebuilt_cache: bool = False                 # fail at start (exit 2) unless build_data_cache built the
+                                                         # index cache (else rank 0 builds it while others wait)
 
     def validate(self, prefix: str) -> None:
         if self.weights is not None:
@@ -264,8 +277,9 @@ class CheckpointConfig:
     keep_last: int = 3                     # complete checkpoints kept (older ones are deleted)
     resume: bool = True                    # continue from <dir>/latest when it exists
     dir: str | None = None                 # None -> <train.out_dir>/checkpoints
-    # TEST-ONLY fault injection: rank 0 SIGKILLs itself half-way through writing this step's checkpoint.
-    inject_kill_in_save_step: int | None = None
+    # resume at another data-parallel size (a requeue on fewer/more nodes): ZeRO 1-3 via DeepSpeed's universal
+    # checkpoint, converted once into <tag>/universal (exact); false: refuse a DP change. TP/PP changes: refused.
+    reshard: bool = True
 
     def validate(self, prefix: str) -> None:
         require(self.save_interval >= 1, f"{prefix}.save_interval", "must be >= 1")
@@ -277,11 +291,14 @@ class LoggingConfig:
     log_interval: int = 10                 # console line + full TensorBoard scalars every N steps
     tensorboard: bool = True
     tensorboard_dir: str | None = None     # None -> <train.out_dir>/tensorboard
-    peak_flops: float = 989e12             # per device, for MFU (H100/H200 dense bf16); CPU runs: set your own
+    # Peak FLOP/s per device for MFU; None: from the GPU's name and parallel.precision (a known datasheet
+    # figure, see trainer/metrics.py), and no MFU where it is unknown (every CPU: its peak is not knowable
+    # reliably from software, so an MFU there could mean anything).
+    peak_flops: float | None = None
 
     def validate(self, prefix: str) -> None:
         require(self.log_interval >= 1, f"{prefix}.log_interval", "must be >= 1")
-        require(self.peak_flops > 0, f"{prefix}.peak_flops", "must be > 0")
+        require(self.peak_flops is None or self.peak_flops > 0, f"{prefix}.peak_flops", "must be > 0 or null")
 
 
 @dataclass
@@ -314,3 +331,14 @@ class Config:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
     """Load and validate a :class:`Config` from YAML plus dotted ``key=value`` overrides."""
     return load(Config, path, overrides)
+
+
+def load_config_or_report(path: str | Path | None, overrides: list[str] | tuple = ()) -> Config | None:
+    """For command-line entry points: :func:`load_config`, or print its one-line ``error: ...`` to stderr and
+    return None (the caller exits 2)."""
+    import sys
+    try:
+        return load_config(path, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DEMO_MARK = ".leviathan-demo-run"     # the training directory the demo created (the only one --fresh deletes)
 
 
 def main(argv=None) -> int:
@@ -31,7 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nprocs", type=int, default=2, help="local ranks (default 2, all tensor-parallel)")
     ap.add_argument("--steps", type=int, default=120, help="training steps (default 120: a few minutes on 2 cores)")
     ap.add_argument("--data-prefix", default=None, help="use this shard instead of running data_prep.demo")
-    ap.add_argument("--fresh", action="store_true", help="delete the previous demo training run first")
+    ap.add_argument("--fresh", action="store_true",
+                    help="delete the previous demo training run first (only a directory the demo created)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -51,7 +53,14 @@ def main(argv=None) -> int:
           + (f" (tokenizer {tokenizer}, {vocab} pieces)" if tokenizer else ""), flush=True)
 
     if args.fresh and run_dir.exists():
+        if not (run_dir / DEMO_MARK).is_file():        # never delete a directory the demo did not create
+            print(f"error: --fresh: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
+                  "or use another --out", file=sys.stderr)
+            return 2
         shutil.rmtree(run_dir)
+    if not run_dir.exists():
+        run_dir.mkdir(parents=True)
+        (run_dir / DEMO_MARK).write_text("created by python -m leviathan_pretrain.demo; --fresh deletes this directory\n")
     overrides = [f"data.prefixes=[{prefix}]", f"train.out_dir={run_dir}", f"train.steps={args.steps}",
                  f"parallel.tensor_parallel={args.nprocs}", "train.eval_interval=50", "train.eval_iters=4",
                  "checkpoint.save_interval=50", "logging.log_interval=10"]

@@ -11,6 +11,7 @@ One code path for every launcher and machine:
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -39,6 +40,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def expand_hostlist(spec: str) -> list[str]:
+    """SLURM's compressed host list -> host names, in order (what ``scontrol show hostnames`` prints):
+    ``gpu[01-03,7],login1`` -> gpu01 gpu02 gpu03 gpu7 login1; several bracket groups multiply out
+    (``r[1-2]n[1-2]``); zero padding follows the lower bound."""
+    items, depth, cur = [], 0, ""
+    for ch in spec.strip():
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0:
+            raise ValueError(f"bad SLURM host list {spec!r}")
+        cur += ch
+    if depth:
+        raise ValueError(f"bad SLURM host list {spec!r}")
+    items.append(cur)
+    hosts = []
+    for item in filter(None, (i.strip() for i in items)):
+        names = [""]
+        rest = item
+        while rest:
+            lb = rest.find("[")
+            if lb < 0:
+                names = [n + rest for n in names]
+                break
+            rb = rest.index("]", lb)
+            expanded = []
+            for part in rest[lb + 1:rb].split(","):
+                lo, _, hi = part.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    raise ValueError(f"bad SLURM host list {spec!r}")
+                expanded += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
+            names = [n + rest[:lb] + e for n in names for e in expanded]
+            rest = rest[rb + 1:]
+        hosts += names
+    return hosts
+
+
+def first_slurm_host(environ=os.environ) -> str | None:
+    """The first node of this job step (else of the job): where SLURM puts task 0."""
+    spec = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    return expand_hostlist(spec)[0] if spec else None
+
+
+def _mpi_rank0_address(environ, comm, names: list[str]) -> str:
+    """Where rank 0 listens, agreed over MPI without resolving our own hostname (``gethostbyname(gethostname())``
+    is often 127.0.1.1 on cluster nodes): loopback when every rank is on one node; else the job's first SLURM
+    node when rank 0 runs there; else rank 0's processor name, which the other nodes resolve themselves."""
+    if len(set(names)) == 1:
+        return "127.0.0.1"
+    first = first_slurm_host(environ)
+    if first is not None and first.split(".")[0] == names[0].split(".")[0]:
+        return first
+    return names[0]
+
+
 def discover_rank_env(environ=os.environ) -> dict:
     """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT from whatever launched us."""
     env = {}
@@ -49,18 +107,23 @@ def discover_rank_env(environ=os.environ) -> dict:
         env["WORLD_SIZE"] = environ["SLURM_NTASKS"]
         env["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
         if "MASTER_ADDR" not in environ:
-            raise RuntimeError("running under srun with several tasks but MASTER_ADDR is not set; launch "
-                               "through launchers/ (which sets it) or export the first node's address")
+            first = first_slurm_host(environ)
+            if first is None:
+                raise RuntimeError("running under srun with several tasks but neither MASTER_ADDR nor "
+                                   "SLURM_JOB_NODELIST is set; launch through launchers/ or export the first "
+                                   "node's address as MASTER_ADDR")
+            env["MASTER_ADDR"] = first
         env.setdefault("MASTER_PORT", environ.get("MASTER_PORT", str(29500 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)))
     elif any(v in environ for v in MPI_RANK_VARS):
         from mpi4py import MPI  # only under an MPI launcher
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
-        addr = comm.bcast(socket.gethostbyname(socket.gethostname()) if rank == 0 else None, root=0)
-        port = comm.bcast(environ.get("MASTER_PORT") or (str(free_port()) if rank == 0 else None), root=0)
         names = comm.allgather(MPI.Get_processor_name())
+        addr = environ.get("MASTER_ADDR") or comm.bcast(
+            _mpi_rank0_address(environ, comm, names) if rank == 0 else None, root=0)
+        port = comm.bcast(environ.get("MASTER_PORT") or (str(free_port()) if rank == 0 else None), root=0)
         env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(names[:rank].count(names[rank])),
-                   MASTER_ADDR=environ.get("MASTER_ADDR", addr), MASTER_PORT=port)
+                   MASTER_ADDR=addr, MASTER_PORT=port)
     else:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     if "MASTER_ADDR" not in environ and "MASTER_ADDR" not in env:
@@ -87,9 +150,6 @@ def select_device(pcfg: ParallelConfig, local_rank: int = 0) -> torch.device:
 def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
     """GPU-only options stay in the config but fail clearly where they cannot run."""
     if device.type != "cuda":
-        if pcfg.sequence_parallel:
-            raise ConfigError("parallel.sequence_parallel: needs CUDA (megatron-core's sequence-parallel "
-                              "gathers use the CUDA device); set it to false on CPU")
         if pcfg.precision == "fp16":
             raise ConfigError("parallel.precision: fp16 needs CUDA (DeepSpeed's CPU path has no fp16); "
                               "use fp32 or bf16 on CPU")
@@ -97,9 +157,14 @@ def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
             raise ConfigError("parallel.backend: nccl needs CUDA; use gloo or auto on CPU")
 
 
-def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
+def init_distributed(pcfg: ParallelConfig) -> DistEnv:
     """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent (a call with another
-    TP/PP layout rebuilds megatron-core's groups)."""
+    TP/PP layout rebuilds megatron-core's groups).
+
+    Two timeouts: the world group (start-up checks, megatron's index build barrier, checkpoint barriers,
+    the per-step stop vote) waits ``parallel.init_timeout_minutes``, since rank 0 may work alone there for a
+    long time at Pile scale; megatron-core's TP/PP/DP groups, which carry every training step's collectives,
+    time out after ``parallel.timeout_minutes`` (a hung rank fails the job then)."""
     for k, v in discover_rank_env().items():
         os.environ.setdefault(k, v)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -113,7 +178,7 @@ def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
                           f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}")
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s),
+                                timeout=timedelta(minutes=pcfg.init_timeout_minutes),
                                 device_id=device if device.type == "cuda" else None)
     from megatron.core import parallel_state as ps
     if ps.model_parallel_is_initialized() and (
@@ -123,7 +188,7 @@ def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=pcfg.tensor_parallel,
                                      pipeline_model_parallel_size=pcfg.pipeline_parallel,
-                                     distributed_timeout_minutes=max(1, int(timeout_s // 60)),
+                                     distributed_timeout_minutes=max(1, math.ceil(pcfg.timeout_minutes)),
                                      create_gloo_process_groups=device.type == "cuda")
     return DistEnv(rank, world, local_rank, device, backend)
 
@@ -131,8 +196,9 @@ def init_distributed(pcfg: ParallelConfig, timeout_s: float = 600.0) -> DistEnv:
 def seed_everything(seed: int, device: torch.device) -> None:
     """Megatron's convention: the seed differs per pipeline stage, equal across TP and DP ranks.
 
-    Weights are initialised on the CPU from the full master tensor (``use_cpu_initialization``), so TP
-    shards equal the TP=1 weights; on GPU megatron-core's CUDA RNG tracker is seeded too (dropout)."""
+    On the CPU weights come from full master tensors (``use_cpu_initialization``), so TP shards equal the
+    TP=1 weights; on GPU megatron-core's CUDA RNG tracker is seeded too (its per-shard initialisation on the
+    device, and dropout)."""
     import random
 
     import numpy as np
@@ -146,13 +212,15 @@ def seed_everything(seed: int, device: torch.device) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def destroy_distributed() -> None:
-    """Tear down cleanly (a live gloo thread can abort the interpreter at exit)."""
+def destroy_distributed(barrier: bool = True) -> None:
+    """Tear down cleanly (a live gloo thread can abort the interpreter at exit). ``barrier=False`` on error
+    paths: a peer that is gone, or stuck elsewhere, must not keep this rank waiting."""
     from megatron.core import parallel_state as ps
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -174,6 +242,16 @@ class DeepSpeedMPU:
         return self.ps.get_tensor_model_parallel_rank()
 
     def get_model_parallel_group(self):
+        return self.ps.get_tensor_model_parallel_group()
+
+    # the names DeepSpeed's universal-checkpoint loader asks for
+    def get_tensor_model_parallel_world_size(self):
+        return self.ps.get_tensor_model_parallel_world_size()
+
+    def get_tensor_model_parallel_rank(self):
+        return self.ps.get_tensor_model_parallel_rank()
+
+    def get_tensor_model_parallel_group(self):
         return self.ps.get_tensor_model_parallel_group()
 
     def get_data_parallel_world_size(self):

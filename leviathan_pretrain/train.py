@@ -20,9 +20,11 @@ EPILOG = """examples:
   torchrun --nproc_per_node 8 -m leviathan_pretrain.train --config configs/400m-lev.yaml \\
       parallel.zero_stage=2 data.prefixes=[/data/pile_train_text_document]
 
-exit codes: 0 finished; 2 bad config or data; 3 diverged (train.max_bad_steps consecutive NaN/Inf steps);
-            75 stopped early with a checkpoint (SIGTERM/SIGUSR1, train.exit_at_step, train.exit_after_minutes):
-               run the same command again to continue"""
+exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary too); 3 diverged
+            (train.max_bad_steps consecutive NaN/Inf steps); 75 stopped early with a checkpoint (SIGTERM/SIGUSR1,
+            train.exit_at_step, train.exit_after_minutes): run the same command again to continue (also on
+            another number of nodes: the data-parallel size may change); 1 any other error (one rank's
+            error ends every rank at once, no hang until the collective timeout)"""
 
 
 def parse_args(argv=None):
@@ -38,11 +40,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from leviathan_pretrain.config import ConfigError, load_config
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    from leviathan_pretrain.config import ConfigError, load_config_or_report
+    cfg = load_config_or_report(args.config, args.overrides)
+    if cfg is None:
         return 2                     # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     cuda = _has_cuda() and cfg.parallel.device != "cpu"
@@ -52,24 +52,25 @@ def main(argv=None) -> int:
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     else:
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    from leviathan_pretrain.parallel import destroy_distributed
     from leviathan_pretrain.trainer.checkpoint import CheckpointError
     from leviathan_pretrain.trainer.data import ShardError
-    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged
-    from leviathan_pretrain.model.inputs import TokenIdError
-    from leviathan_pretrain.parallel import destroy_distributed
+    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged, abort_rank
     from leviathan_pretrain.trainer.loop import run
     code = None
     try:
         code = run(cfg)
-    except (ConfigError, ShardError, CheckpointError, TokenIdError) as e:
+    except (ConfigError, ShardError, CheckpointError) as e:   # the start-up checks raise these on every rank
         _error(e)
         code = EXIT_CONFIG
-    except Diverged as e:
+    except Diverged as e:                                       # the loss is global: every rank stops together
         _error(e)
         code = EXIT_DIVERGED
+    except BaseException as e:  # noqa: BLE001 - one rank alone (bad token id, a bug, a lost peer): never wait
+        abort_rank(e)           # in a collective for ranks that are gone; exits this process at once
     finally:
-        if code is not None:       # a clean stop: tear down; on an unexpected error let it propagate
-            destroy_distributed()
+        if code is not None:
+            destroy_distributed(barrier=False)      # no barrier: a rank that did not raise must not hold us
     return code
 
 

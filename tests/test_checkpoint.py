@@ -1,13 +1,13 @@
 """Checkpoints: bitwise resume (DP=2 ZeRO-2, PP=2), keep-last-K, atomic ``latest`` under a crash during a
 write, SIGTERM -> checkpoint + exit 75, weights-only loading, RNG state round trip."""
 import json
-import os
 import pickle
 import random
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +15,8 @@ import torch
 
 from leviathan_pretrain.trainer import checkpoint as ckpt
 from tests.multiproc import REPO, base_env
-from tests.workers.train_common import (CONFIG, dp_tp_runs, events, losses, overrides, pipe_resume_runs, pipe_runs,
-                                        workdir)
+from tests.workers.train_common import (CONFIG, RESHARD_STOP, dp_tp_runs, events, losses, overrides, pipe_resume_runs,
+                                        pipe_runs, records, reshard_runs, workdir)
 
 
 class _Payload:
@@ -54,8 +54,7 @@ def test_latest_prune_and_incomplete(tmp_path):
         d = tmp_path / ckpt.tag_for(s)
         d.mkdir()
         (d / "x.pt").write_bytes(b"x")
-        if s != 40:
-            (d / ckpt.META).write_text("{}")
+        (d / (ckpt.META if s != 40 else ckpt.SAVING)).write_text("{}")      # 40: an interrupted save of ours
     (tmp_path / "latest").write_text("global_step30")
     assert ckpt.read_latest(tmp_path) == "global_step30"
     assert ckpt.prune(tmp_path, keep_last=2) == ["global_step10"]
@@ -64,6 +63,33 @@ def test_latest_prune_and_incomplete(tmp_path):
     (tmp_path / "latest").write_text("global_step40")
     with pytest.raises(ckpt.CheckpointError, match="not a complete checkpoint"):
         ckpt.read_latest(tmp_path)
+
+
+def test_cleanup_never_touches_what_is_not_ours(tmp_path):
+    """Another run's DeepSpeed checkpoint (global_step* without our files) and a user's *.tmp survive the
+    start-up clean-up, and the trainer refuses to start there instead of mixing checkpoints."""
+    foreign = tmp_path / "global_step7"
+    foreign.mkdir()
+    (foreign / "mp_rank_00_model_states.pt").write_bytes(b"their weights")
+    (tmp_path / "notes.tmp").write_text("mine")
+    ours = tmp_path / ".global_step9.saving-123"          # our crash between mkdir and rename
+    ours.mkdir()
+    (ours / ckpt.SAVING).write_text("{}")
+    (tmp_path / "latest.tmp").write_text("global_step9")
+    assert ckpt.remove_incomplete(tmp_path) == []
+    assert (foreign / "mp_rank_00_model_states.pt").read_bytes() == b"their weights"
+    assert (tmp_path / "notes.tmp").read_text() == "mine"
+    assert not ours.exists() and not (tmp_path / "latest.tmp").exists()
+    assert ckpt.foreign_tags(tmp_path) == ["global_step7"]
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.trainer.loop import latest_checkpoint
+    for resume in ("true", "false"):
+        with pytest.raises(ckpt.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
+            latest_checkpoint(load_config(CONFIG, [f"checkpoint.resume={resume}"]), tmp_path)
+    assert (foreign / "mp_rank_00_model_states.pt").exists()
+    with pytest.raises(ckpt.CheckpointError, match="not written by leviathan_pretrain"):
+        ckpt._begin(tmp_path, "global_step7", 7)                 # never replaced by a save either
+    assert (foreign / "mp_rank_00_model_states.pt").exists()
 
 
 def assert_bitwise_resume(full, part):
@@ -110,11 +136,11 @@ def test_fresh_start_into_old_checkpoints_is_refused():
     assert "already holds checkpoints (global_step10, global_step20)" in err[0]
 
 
-def _launch(out, *extra):
-    args = [sys.executable, "launchers/local.py", "-n", "2", "--grace", "10", "--", "-m", "leviathan_pretrain.train",
+def _launch(out, *extra, env=None):
+    args = [sys.executable, "launchers/local.py", "-n", "2", "--grace", "10", "--", "tests/workers/train_faults.py",
             "--config", CONFIG, *overrides("unused", f"train.out_dir={out}", "train.steps=1000",
                                           "train.eval_interval=0", "logging.log_interval=1", *extra)]
-    return subprocess.Popen(args, cwd=REPO, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen(args, cwd=REPO, env=base_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
 
@@ -132,7 +158,7 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     next run resumes from it (same losses), and SIGTERM then ends it with a checkpoint and exit code 75."""
     out = tmp_path / "run"
     ck = out / "checkpoints"
-    proc = _launch(out, "checkpoint.save_interval=2", "checkpoint.inject_kill_in_save_step=4")
+    proc = _launch(out, "checkpoint.save_interval=2", env={"LEV_TEST_KILL_IN_SAVE_STEP": 4})
     try:
         log, _ = proc.communicate(timeout=300)
     finally:
@@ -158,7 +184,7 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     finally:
         _stop(proc)
     assert proc.returncode == 75, log[-3000:]
-    assert "removed incomplete checkpoint(s) global_step4" in log
+    assert "removed interrupted checkpoint save(s) global_step4" in log
     assert events(out, "resumed")[0]["tag"] == "global_step2"
     stopped = events(out, "stopped")[-1]
     assert stopped["reason"] == "signal"
@@ -167,3 +193,89 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     assert (ck / "latest").read_text() == f"global_step{stopped['step']}" and max(second) == stopped["step"]
     assert ckpt.complete_tags(ck) == ["global_step2", f"global_step{stopped['step']}"]
     assert not any(p.name.endswith(".tmp") for p in ck.iterdir())
+
+
+@pytest.mark.multiproc
+def test_every_rank_fsyncs_its_own_checkpoint_files(tmp_path):
+    """Durability on parallel filesystems: each rank flushes the files it wrote (rank 0 cannot flush another
+    node's pages), before the barrier after which rank 0 commits leviathan.json and latest."""
+    out, log = tmp_path / "run", tmp_path / "fsync"
+    log.mkdir()
+    proc = _launch(out, "train.steps=2", "checkpoint.save_interval=2", "parallel.zero_stage=1",
+                   env={"LEV_TEST_FSYNC_LOG": log})
+    try:
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, text[-3000:]
+    tag = out / "checkpoints" / "global_step2"
+    synced = {r: {Path(p).name for p in (log / f"fsync-rank{r}.txt").read_text().split() if Path(p).parent == tag}
+              for r in (0, 1)}
+    assert {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"} <= synced[1]
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt", "rng_rank00000.pt"} <= synced[0]
+    assert not synced[0] & {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"}   # no walking all
+    written = {p.name for p in tag.iterdir() if p.is_file()} - {ckpt.META}
+    assert written <= synced[0] | synced[1], written - synced[0] - synced[1]
+
+
+@pytest.mark.multiproc
+def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path):
+    """A bad token id on rank 1 of 2 (DP=2) while rank 0 waits in the gradient all-reduce: both exit non-zero
+    by themselves within seconds (the collective timeout is 10 minutes), the error printed once."""
+    from tests.multiproc import run_ranks
+    t0 = time.monotonic()
+    res = run_ranks(["tests/workers/train_faults.py", "--config", CONFIG,
+                     *overrides("unused", f"train.out_dir={tmp_path / 'run'}", "train.steps=6",
+                                "train.eval_interval=0", "parallel.zero_stage=1")],
+                    nprocs=2, timeout=300, check=False, grace=90,
+                    env={"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3})
+    elapsed = time.monotonic() - t0
+    assert res[1].returncode == 2, res[1].output[-3000:]              # bad data, by itself
+    assert res[0].returncode == 1, res[0].output[-3000:]              # lost its peer, by itself (not killed)
+    assert elapsed < 80, elapsed                                      # start-up ~20 s; no timeout waited out
+    assert "[rank 1] error: " in res[1].output and "token id" in res[1].output
+    assert sum("token id 1000000" in r.output for r in res) == 1      # printed once
+    assert "[rank 0] stopping: another rank exited" in res[0].output and "Traceback" not in res[0].output
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_resume_on_fewer_nodes_continues_exactly(zero):
+    """Train DP=2, stop at step 20, resume on one process (DP=1): ZeRO 0 loads as it is, ZeRO 1-3 through
+    DeepSpeed's universal checkpoint. The consumed-sample position carries over, and losses and gradient norms
+    continue as the uninterrupted DP=2 run's (which equal DP=1's up to summation order)."""
+    name = f"dp2_z{zero}"
+    runs = reshard_runs()
+    assert runs["codes"][name] == {0: 75}, runs["outputs"][0][-3000:]
+    resumed = events(name, "resumed")[-1]
+    assert (resumed["tag"], resumed["consumed_samples"]) == ("global_step20", 160)
+    ref = {r["step"]: r for r in records("dp2_z2_full") if "loss" in r}
+    got = {r["step"]: r for r in records(name) if "loss" in r}
+    assert sorted(got) == list(range(1, RESHARD_STOP + 1))
+    for s in range(21, RESHARD_STOP + 1):
+        assert abs(got[s]["loss"] - ref[s]["loss"]) <= 2e-4, (s, got[s], ref[s])
+        assert abs(got[s]["grad_norm"] - ref[s]["grad_norm"]) <= 1e-3 * ref[s]["grad_norm"], (s, got[s], ref[s])
+        assert got[s]["consumed_samples"] == ref[s]["consumed_samples"] == 8 * s
+    d = workdir() / name / "checkpoints"
+    meta = json.loads((d / f"global_step{RESHARD_STOP}" / ckpt.META).read_text())
+    assert (meta["consumed_samples"], meta["layout"]["dp"]) == (8 * RESHARD_STOP, 1)
+    assert (d / "global_step20" / "universal" / "CONVERTED").is_file() == (zero > 0)
+
+
+@pytest.mark.multiproc
+def test_a_different_tensor_parallel_size_is_refused_naming_both_layouts():
+    err = reshard_runs()["errors"]["tp2"][0]
+    assert err.startswith("CheckpointError: ") and "written with TP=2 PP=1 DP=1 ZeRO 1, this run has TP=1 PP=1 " \
+        "DP=1 ZeRO 1; changing tensor or pipeline parallelism on resume is not supported" in err, err
+
+
+def test_layout_rules_without_reshard():
+    from leviathan_pretrain.trainer.reshard import check_layout
+    saved = {"tp": 1, "pp": 2, "dp": 4, "zero_stage": 1}
+    check_layout(saved, 1, 2, 2, 1, True, "ck")                     # fewer nodes: fine
+    with pytest.raises(ckpt.CheckpointError, match="checkpoint.reshard=true"):
+        check_layout(saved, 1, 2, 2, 1, False, "ck")
+    with pytest.raises(ckpt.CheckpointError, match="parallel.zero_stage=1"):
+        check_layout(saved, 1, 2, 4, 0, True, "ck")
+    with pytest.raises(ckpt.CheckpointError, match="pipeline_parallel=2"):
+        check_layout(saved, 1, 1, 8, 1, True, "ck")

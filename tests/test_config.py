@@ -60,3 +60,17 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
         load_config(bad)
+
+
+def test_sequence_parallel_is_refused_at_load_with_the_reason():
+    """Not implemented end to end (norm gradients are not all-reduced over TP): refused, not offered."""
+    with pytest.raises(ConfigError, match=r"parallel\.sequence_parallel: not supported yet: .*WrappedTorchNorm"):
+        load_config(None, ["parallel.sequence_parallel=true"])
+
+
+def test_two_timeouts_and_optional_peak_flops():
+    cfg = load_config(None, [])
+    assert (cfg.parallel.timeout_minutes, cfg.parallel.init_timeout_minutes, cfg.logging.peak_flops) == (10.0, 60.0, None)
+    for key in ("parallel.init_timeout_minutes=0", "logging.peak_flops=0"):
+        with pytest.raises(ConfigError, match=key.split("=")[0].replace(".", r"\.")):
+            load_config(None, [key])

@@ -186,3 +186,29 @@ def test_all_records_skipped_is_an_error_not_an_empty_shard(tokenizer_model, run
                 check=False)
     _assert_one_line_error(p, "no documents to write")
     assert _outputs(prefix) == []
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, run_cli, tmp_path):
+    """--max-record-bytes: a longer line (e.g. a corrupt file without newlines) is skipped as
+    record_too_long, never held in memory whole; the records around it are tokenized."""
+    long_line = b'{"text": "' + b"x" * 20_000_000 + b'"}'
+    src = write_lines(tmp_path / ("in.jsonl.zst" if compress else "in.jsonl"),
+                      [_good(0), long_line, _good(1), _good(2)], compress)
+    prefix = str(tmp_path / "out")
+    args = ["--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, "--max-record-bytes", 1]
+    p = run_cli("data_prep.tokenize", *args)
+    m = json.load(open(prefix + ".manifest.json"))
+    assert m["skipped"] == {"record_too_long": 1} and m["records"] == 4 and m["documents"] == 3
+    assert [(e["file"], e["line"], e["reason"]) for e in m["skipped_examples"]] == [(str(src), 2, "record_too_long")]
+    assert f"{src}:2: skipped record (record_too_long" in p.stderr
+    assert m["options"]["max_record_bytes"] == 1_000_000
+    ds = IndexedDataset(prefix)
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
+    assert [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))] == GOOD
+    p = run_cli("data_prep.tokenize", *args[:5], str(tmp_path / "strict"), *args[6:], "--on-bad-record", "error",
+                check=False)
+    _assert_one_line_error(p, f"{src}:2", "record_too_long")
+    assert _outputs(str(tmp_path / "strict")) == []
+    p = run_cli("data_prep.tokenize", *args[:7], 0, check=False)
+    _assert_one_line_error(p, "--max-record-bytes")

@@ -88,7 +88,7 @@ def test_progress_bar_on_a_terminal(minipile_dir, tokenizer_model, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_demo_runs_and_reuses_its_steps(tmp_path, run_cli):
+def test_demo_runs_and_reuses_its_steps(tmp_path, run_cli, capsys):
     out = tmp_path / "demo"
     p = run_cli("data_prep.demo", "--out", out, "--max-mb", 3, "--vocab-size", 2000, "--sample-mb", 1, timeout=280)
     for step in ("1/3 corpus", "2/3 tokenizer", "3/3 shards: train", "3/3 shards: val", "done in"):
@@ -98,3 +98,15 @@ def test_demo_runs_and_reuses_its_steps(tmp_path, run_cli):
     m = json.load(open(res["train_prefix"] + ".manifest.json"))
     assert m["documents"] > 50 and m["tokens"] > 100_000 and list(m["sets"]) == ["Github"]
     assert os.path.exists(res["val_prefix"] + ".idx") and res["tokenizer"].endswith("tokenizer.model")
+    # --force redoes every step but deletes nothing the demo did not write (e.g. the training demo's run)
+    (out / "notes.txt").write_text("mine")
+    (out / "train").mkdir()
+    (out / "train" / "checkpoint").write_text("hours of training")
+    (out / "data" / "mine.txt").write_text("mine")
+    capsys.readouterr()
+    run_demo(out, vocab_size=2000, sample_mb=1, max_mb=3, force=True)
+    said = capsys.readouterr().out
+    assert "reusing" not in said and "1/3 corpus: the standard library" in said and "3/3 shards: val" in said
+    assert (out / "notes.txt").read_text() == "mine" and (out / "data" / "mine.txt").read_text() == "mine"
+    assert (out / "train" / "checkpoint").read_text() == "hours of training"
+    assert json.load(open(res["train_prefix"] + ".manifest.json"))["documents"] == m["documents"]

@@ -87,3 +87,29 @@ def test_an_error_on_one_rank_stops_all_ranks(minipile_dir, tokenizer_model, tmp
     rc, log = mpirun(["--input", tmp_path / "missing.jsonl", "--tokenizer", tokenizer_model,
                       "--output-prefix", prefix], timeout=150)
     assert rc != 0 and log.count("error: input file not found") == 1
+
+
+@pytest.mark.timeout(200)
+def test_work_dir_rules_hold_under_mpi(minipile_dir, tokenizer_model, tmp_path):
+    """Rank 0 creates and marks the work dir before any rank writes; an unmarked one is refused by all
+    ranks; after success only the marked work dir is removed, never the --work-dir around it."""
+    prefix = tmp_path / "out"
+    work = tmp_path / "out.work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    args = ["--input", minipile_dir / "test.jsonl.zst", minipile_dir / "val.jsonl.zst", "--tokenizer",
+            tokenizer_model, "--workers", 1, "--output-prefix", prefix]
+    rc, log = mpirun(args, timeout=150)
+    assert rc != 0 and log.count("is not a data_prep work directory") == 1, log
+    assert sorted(os.listdir(work)) == ["notes.txt"]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "user.txt").write_text("precious")
+    rc, log = mpirun([*args, "--work-dir", scratch, "--keep-work"], timeout=150)
+    assert rc == 0, log
+    parts = scratch / "out.data_prep-work"
+    assert (parts / ".data_prep-work.json").is_file()
+    assert (parts / "part-00000" / "part.json").is_file() and (parts / "part-00001" / "part.json").is_file()
+    rc, log = mpirun([*args, "--work-dir", scratch, "--overwrite"], timeout=150)
+    assert rc == 0 and log.count("reusing") == 2, log
+    assert sorted(os.listdir(scratch)) == ["user.txt"] and os.path.exists(str(prefix) + ".idx")

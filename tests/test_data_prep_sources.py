@@ -1,6 +1,7 @@
 """The streaming reader: lines across read chunks, multi-frame zstd, document cutting for encoding."""
 import json
 
+import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,3 +61,51 @@ def test_batches_group_documents_and_pieces(tmp_path):
     assert batches[-1].units == [b"tail"] and r.stats.documents == 3
     whole = list(FileReader(str(src), batch_bytes=10_000).batches(chunk_bytes=0))
     assert [u for b in whole for u in b.units] == [b"short", long_doc.encode(), b"tail"]
+
+
+def test_an_overlong_line_is_skipped_in_bounded_memory(tmp_path):
+    import tracemalloc
+    src = tmp_path / "in.jsonl"
+    with open(src, "wb") as f:
+        f.write(b'{"text": "before"}\n{"text": "')
+        for _ in range(20):                                           # a 20 MB line
+            f.write(b"z" * 1_000_000)
+        f.write(b'"}\n{"text": "after"}\n' + b"y" * 3_000_000)       # and a long last line without newline
+    tracemalloc.start()
+    try:
+        r = FileReader(str(src), max_record_bytes=1_000_000)
+        docs = [d for b in r.batches() for d in b.units]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert docs == [b"before", b"after"]
+    assert r.stats.skipped == {"record_too_long": 2} and r.stats.records == 4
+    assert [(e["line"], e["reason"]) for e in r.stats.examples] == [(2, "record_too_long"), (4, "record_too_long")]
+    assert peak < 6_000_000, peak
+
+
+@pytest.mark.parametrize("unit, data, docs, line", [
+    ("file", b"x" * 2_500_000, [], 1),
+    ("line", b"short one\n" + b"w" * 2_500_000 + b"\ntail\n", [b"short one", b"tail"], 2),
+    ("paragraph", b"short one\n\n" + b"para line\n" * 300_000 + b"\ntail\n", [b"short one", b"tail"], 3),
+    ("paragraph", b"short one\n\n" + b"w" * 2_500_000 + b"\nsame paragraph\n\ntail", [b"short one", b"tail"], 3),
+])
+def test_overlong_plain_text_records_are_skipped(unit, data, docs, line, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes(data)
+    r = FileReader(str(src), text_unit=unit, max_record_bytes=1_000_000)
+    assert [d for b in r.batches() for d in b.units] == docs
+    assert r.stats.skipped["record_too_long"] == 1
+    assert [e["line"] for e in r.stats.examples if e["reason"] == "record_too_long"] == [line]
+    assert r.stats.sha256 and r.stats.bytes == len(data)                # the whole file is still read
+
+
+@settings(max_examples=150, deadline=None)
+@given(lines=lines_st, read_size=st.integers(1, 64), limit=st.integers(0, 30))
+def test_lines_longer_than_the_limit_become_markers(tmp_path_factory, lines, read_size, limit):
+    from data_prep.sources import TOO_LONG
+    data = b"".join(ln + b"\n" for ln in lines)
+    path = tmp_path_factory.mktemp("lines") / "f.txt"
+    path.write_bytes(data)
+    got = list(FileReader(str(path), read_size=read_size, max_record_bytes=limit)._lines())
+    assert got == [ln if len(ln) <= limit else TOO_LONG for ln in lines]

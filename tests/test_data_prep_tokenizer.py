@@ -110,3 +110,14 @@ def test_reservoir_is_seeded_bounded_and_uniform():
     r = Reservoir(10**6, max_doc=100, seed=0)
     r.offer((0, 0), b"line\n" * 1000, None)
     assert len(r.sample()[0][1]) <= 100
+
+
+def test_overlong_records_are_skipped_when_sampling(run_cli, tmp_path):
+    src = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": f"document {i} " + "lorem ipsum dolor " * 20}) for i in range(300)]
+    lines.insert(150, json.dumps({"text": "x" * 3_000_000}))
+    src.write_text("\n".join(lines) + "\n")
+    _train(run_cli, [src], tmp_path / "tok", "--vocab-size", 300, "--max-record-bytes", 1)
+    meta = json.loads((tmp_path / "tok" / "tokenizer_meta.json").read_text())
+    assert meta["inputs"][0]["skipped"] == {"record_too_long": 1} and meta["inputs"][0]["documents"] == 300
+    assert meta["sample"]["max_record_bytes"] == 1_000_000

@@ -165,7 +165,8 @@ def test_model_flops_per_token():
     f = model_flops_per_token(cfg)
     m = cfg.model
     norms = m.num_layers * 2 * m.hidden_size + m.hidden_size
-    assert f == 6 * (n["body"] - norms + n["input"]) + 12 * m.num_layers * m.hidden_size * m.seq_length
+    # causal attention as Megatron-LM counts it: QK^T and AV over s/2 keys on average, x3 (fwd + bwd)
+    assert f == 6 * (n["body"] - norms + n["input"]) + 6 * m.num_layers * m.hidden_size * m.seq_length
     lev = load_config("configs/1.2b-lev.yaml")
     extra = model_flops_per_token(lev, unique_ratio=0.5) - f
     assert 0 < extra < 1e-3 * f                                       # LEV's own FLOPs are tiny at scale
@@ -202,3 +203,14 @@ def test_build_model_refuses_mismatched_parallel_state(world):
         build_model(small("lev", "parallel.tensor_parallel=2"))
     with pytest.raises(ConfigError, match="parallel.pipeline_parallel"):
         build_model(small("lev", "parallel.pipeline_parallel=2"))
+
+
+def test_gpu_initialises_megatron_layers_on_the_device():
+    """On a GPU megatron-core must not build full V x D master tables on every rank's CPU (1.6 GB twice at
+    V=200k): use_cpu_initialization is on only for CPU runs or parallel.init_on_cpu (TP=N == TP=1 weights)."""
+    from leviathan_pretrain.model import build_transformer_config
+    cfg = load_config("configs/400m-lev.yaml", ["parallel.precision=bf16"])
+    assert build_transformer_config(cfg, "cuda").use_cpu_initialization is False
+    assert build_transformer_config(cfg, "cpu").use_cpu_initialization is True
+    on_cpu = load_config("configs/400m-lev.yaml", ["parallel.init_on_cpu=true"])
+    assert build_transformer_config(on_cpu, "cuda").use_cpu_initialization is True

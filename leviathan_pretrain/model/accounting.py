@@ -6,8 +6,9 @@ FLOPs convention (PaLM / Megatron-LM style, *model* FLOPs: no recomputation coun
 
 - ``N_matmul``: weights used in matmuls for every token: per layer QKV ``D*(D + 2*kv)``, attention output
   ``D*D``, SwiGLU ``3*D*F``; plus the output head ``V_pad*D`` (also when tied). Norms and table lookups: 0.
-- ``12*L*D*s``: attention scores and values (QK^T and AV, forward 4*D*s per layer, x3), full s x s
-  (causal masking not discounted, the usual convention).
+- ``6*L*s*q``: core attention (QK^T and AV, ``q`` = heads x head dim = D) counted for the causal half, as
+  Megatron-LM's ``num_floating_point_operations`` does: a query attends to s/2 keys on average, so forward
+  ``2 * 2 * q * s/2`` per token and layer, x3 for forward + backward.
 - Input layers that compute rows per unique id (LEV, ALBERT, MLP ablations) cost
   ``3 * forward_flops_per_id * unique_ratio`` where ``unique_ratio`` = unique ids / tokens in the micro-batch
   (1.0, the default, is an upper bound; ``model.embedding.last_unique_ratio`` holds the last measured one).
@@ -44,7 +45,8 @@ def model_flops_per_token(cfg, unique_ratio: float = 1.0) -> float:
     kv = (m.num_query_groups or m.num_attention_heads) * (D // m.num_attention_heads)
     per_layer = D * (D + 2 * kv) + D * D + 3 * D * m.resolved_ffn_hidden_size()
     head = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_parallel) * D
-    return 6.0 * (L * per_layer + head) + 12.0 * L * D * s + 3.0 * input_forward_flops_per_id(m) * unique_ratio
+    q = m.num_attention_heads * (D // m.num_attention_heads)
+    return 6.0 * (L * per_layer + head) + 6.0 * L * s * q + 3.0 * input_forward_flops_per_id(m) * unique_ratio
 
 
 def no_weight_decay(name: str, param) -> bool:

@@ -22,8 +22,10 @@ One definition serves both training paths:
   :func:`build_rotary` for the ``rotary_pos_emb`` argument, and :func:`build_output_head` (final norm +
   vocab-parallel head, last stage).
 
-Seeding is the caller's (``parallel.seed_everything``); weights are initialised on the CPU from full
-master tensors (``use_cpu_initialization``), so a TP = N model starts from the TP = 1 weights.
+Seeding is the caller's (``parallel.seed_everything``). On the CPU (and with ``parallel.init_on_cpu``)
+megatron-core's weights are initialised from full master tensors (``use_cpu_initialization``), so a TP = N
+model starts from the TP = 1 weights; on a GPU megatron-core initialises each shard on the device. The input
+layers' own tensor-parallel parameters (LEV: ~2M) always come from CPU master tensors (model/tp.py).
 """
 from __future__ import annotations
 
@@ -80,6 +82,9 @@ def build_transformer_config(cfg: Config, device=None) -> TransformerConfig:
     weights, bf16/fp16 params per ``parallel.precision``, fused kernels off (portable)."""
     m, p = cfg.model, cfg.parallel
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[p.precision]
+    # On a GPU megatron-core initialises each TP shard on the device (no full V x D master tensors on the
+    # CPU of every rank); on the CPU, or with parallel.init_on_cpu, from full CPU master weights.
+    cpu_init = p.init_on_cpu or resolve_device(cfg, device).type != "cuda"
     return TransformerConfig(
         num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups, ffn_hidden_size=m.resolved_ffn_hidden_size(),
@@ -87,7 +92,7 @@ def build_transformer_config(cfg: Config, device=None) -> TransformerConfig:
         normalization="RMSNorm", layernorm_epsilon=m.norm_epsilon,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=m.init_method_std,
-        use_cpu_initialization=True, perform_initialization=True,
+        use_cpu_initialization=cpu_init, perform_initialization=True,
         params_dtype=dtype, bf16=p.precision == "bf16", fp16=p.precision == "fp16",
         # Pipelining is DeepSpeed's (trainer/pipe.py), never megatron-core's schedules: each stage's layers
         # are described as one stage-free model (megatron's pipeline settings would demand pipeline_dtype).
@@ -172,7 +177,8 @@ def build_model(cfg: Config, device=None) -> GPTModel:
 
     ``model(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=[b, s])`` returns the
     per-token loss ``[b, s]``; without labels the logits ``[b, s, V_pad / tp]`` (vocab-parallel shard).
-    Parameters are created on the CPU; move the model with ``.to(device)`` (or let DeepSpeed do it).
+    Parameters are created on the CPU (on the current GPU for megatron-core's layers in a CUDA run without
+    ``parallel.init_on_cpu``); move the model with ``.to(device)`` (or let DeepSpeed do it).
     Needs megatron-core's parallel state (``parallel.init_distributed``), pipeline_parallel == 1."""
     if cfg.parallel.pipeline_parallel != 1:
         raise ConfigError("parallel.pipeline_parallel: build_model is the PP = 1 path; build a DeepSpeed "

@@ -5,13 +5,20 @@ Layout of ``checkpoint.dir`` (default ``<train.out_dir>/checkpoints``)::
     latest                      the tag of the newest *complete* checkpoint (replaced atomically)
     global_step30/              one checkpoint (DeepSpeed's model/optimizer/ZeRO files for every rank)
         rng_rank00000.pt        this rank's RNG states (python, numpy, torch CPU and CUDA)
+        leviathan.saving        our in-progress mark: present from the directory's creation until commit
         leviathan.json          step, consumed samples, config, tokenizer sha256, layout; written last
 
-Saving (collective): rank 0 removes a leftover directory of the same tag, every rank writes its DeepSpeed
-files and RNG state, then rank 0 fsyncs the directory, writes ``leviathan.json`` and only then points
-``latest`` at the new tag (write-to-temp, fsync, rename) and deletes all but the newest ``keep_last``
-complete checkpoints. A crash at any point leaves ``latest`` naming the previous complete checkpoint; an
-incomplete directory (no ``leviathan.json``) is removed at the next start.
+Saving (collective): rank 0 creates the tag directory *with* the in-progress mark (built under a hidden
+temporary name, then renamed), every rank writes its DeepSpeed files and RNG state and fsyncs each file it
+wrote itself (on Lustre/GPFS only the writing node can flush its pages), then a barrier; rank 0 writes
+``leviathan.json``, removes the mark, points ``latest`` at the new tag (write-to-temp, fsync, rename) and
+deletes all but the newest ``keep_last`` complete checkpoints. A crash at any point leaves ``latest`` naming
+the previous complete checkpoint.
+
+What is ever deleted: only directories we marked — an interrupted save (``leviathan.saving`` without
+``leviathan.json``) at the next start, our own hidden temporary directories and ``latest.tmp``, and complete
+checkpoints of this run beyond ``keep_last``. A ``global_step*`` folder without either file (another run's
+DeepSpeed checkpoint) is never touched: the trainer refuses to start in a directory holding one.
 
 Loading uses ``torch.load(weights_only=True)`` for every file, DeepSpeed's included (its checkpoint
 engine is replaced by :class:`SafeCheckpointEngine`); only the few DeepSpeed classes its optimizer
@@ -19,13 +26,13 @@ states contain are allow-listed. Anything else in a file fails with an error nam
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 import random
 import shutil
-import signal
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +43,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 TAG_PREFIX = "global_step"
 META = "leviathan.json"
+SAVING = "leviathan.saving"
 LATEST = "latest"
 # Classes DeepSpeed pickles into its optimizer states (checked with torch.load(weights_only=True)).
 SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -72,24 +80,23 @@ def safe_load(path, map_location="cpu"):
 
 
 class SafeCheckpointEngine(TorchCheckpointEngine):
-    """DeepSpeed's torch checkpoint engine with weights-only loading and a test-only crash switch."""
+    """DeepSpeed's torch checkpoint engine with weights-only loading that records the files it writes
+    (:func:`save` fsyncs them on the writing rank)."""
 
-    kill_during_save = False   # TEST-ONLY (checkpoint.inject_kill_in_save_step): die half-way through a file
+    def __init__(self, config_params=None):
+        super().__init__(config_params)
+        self.written: list[str] = []
+
+    def start_recording(self) -> list[str]:
+        self.written = []
+        return self.written
 
     def load(self, path: str, map_location=None):
         return safe_load(path, map_location)
 
     def save(self, state_dict, path: str):
-        if self.kill_during_save:
-            buf = io.BytesIO()
-            torch.save(state_dict, buf)
-            data = buf.getvalue()
-            with open(path, "wb") as f:
-                f.write(data[: len(data) // 2])
-                f.flush()
-                os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
         super().save(state_dict, path)
+        self.written.append(str(path))
 
 
 def install_safe_engine(ds_engine) -> SafeCheckpointEngine:
@@ -179,15 +186,38 @@ def _atomic_write(path: Path, text: str) -> None:
     _fsync_path(path.parent)
 
 
+def _is_ours(d: Path) -> bool:
+    return (d / META).is_file() or (d / SAVING).is_file()
+
+
+def foreign_tags(ckpt_dir: Path) -> list[str]:
+    """``global_step*`` folders we did not write (neither ``leviathan.json`` nor our in-progress mark)."""
+    return sorted(d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and not _is_ours(d))
+
+
+def check_no_foreign(ckpt_dir: Path) -> None:
+    """Refuse a checkpoint directory that holds another run's checkpoints: saving there would mix with them
+    (and DeepSpeed's ``latest`` is the same file name)."""
+    foreign = foreign_tags(ckpt_dir) if Path(ckpt_dir).is_dir() else []
+    if foreign:
+        raise CheckpointError(f"{ckpt_dir} holds checkpoint folder(s) not written by leviathan_pretrain "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}: no {META} or "
+                              f"{SAVING}); they were left alone. Use another checkpoint.dir / train.out_dir")
+
+
 def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
-    """Delete checkpoint directories without ``leviathan.json`` (crashed saves); rank 0 only."""
+    """Delete our interrupted saves (in-progress mark, no ``leviathan.json``) and our temporary files; rank 0
+    only. Nothing without our mark is touched."""
+    ckpt_dir = Path(ckpt_dir)
     removed = []
-    for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*"):
-        if d.is_dir() and not (d / META).is_file() and d.name != keep:
+    for d in ckpt_dir.glob(f"{TAG_PREFIX}*"):
+        if d.is_dir() and (d / SAVING).is_file() and not (d / META).is_file() and d.name != keep:
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d.name)
-    for tmp in Path(ckpt_dir).glob("*.tmp"):
-        tmp.unlink(missing_ok=True)
+    for d in ckpt_dir.glob(f".{TAG_PREFIX}*.saving-*"):          # a crash between mkdir and rename
+        if d.is_dir() and (d / SAVING).is_file():
+            shutil.rmtree(d, ignore_errors=True)
+    (ckpt_dir / (LATEST + ".tmp")).unlink(missing_ok=True)
     return removed
 
 
@@ -197,36 +227,55 @@ def prune(ckpt_dir: Path, keep_last: int) -> list[str]:
     tags = complete_tags(ckpt_dir)
     doomed = [t for t in tags[:-keep_last] if t != latest] if keep_last < len(tags) else []
     for t in doomed:
-        # Remove the completion marker first: a crash mid-delete leaves an "incomplete" directory.
-        (Path(ckpt_dir) / t / META).unlink(missing_ok=True)
-        shutil.rmtree(Path(ckpt_dir) / t, ignore_errors=True)
+        # Mark in progress, then drop the completion marker: a crash mid-delete leaves an interrupted save.
+        d = Path(ckpt_dir) / t
+        (d / SAVING).write_text("{}")
+        (d / META).unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
     return doomed
 
 
-def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, client_state: dict,
-         kill_during_save: bool = False) -> str:
+def _begin(ckpt_dir: Path, tag: str, step: int) -> None:
+    """Rank 0: create ``ckpt_dir/tag`` carrying the in-progress mark from its first moment."""
+    final = ckpt_dir / tag
+    if final.exists():
+        if not _is_ours(final):
+            raise CheckpointError(f"{final} exists and was not written by leviathan_pretrain; left alone")
+        shutil.rmtree(final)                      # our own leftover of this step (e.g. a re-run after a crash)
+    tmp = ckpt_dir / f".{tag}.saving-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / SAVING).write_text(json.dumps({"step": step, "host": socket.gethostname(), "pid": os.getpid(),
+                                          "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    os.replace(tmp, final)
+    _fsync_path(ckpt_dir)
+
+
+def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, client_state: dict) -> str:
     """Collective: write checkpoint ``global_step<step>`` and commit it (see the module docstring)."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(step)
     rank = dist.get_rank()
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if (ckpt_dir / tag).exists():
-            shutil.rmtree(ckpt_dir / tag)
+        _begin(ckpt_dir, tag, step)
     dist.barrier()
     engine = ds_engine.checkpoint_engine
-    if isinstance(engine, SafeCheckpointEngine):
-        engine.kill_during_save = kill_during_save and rank == 0
+    written = engine.start_recording() if isinstance(engine, SafeCheckpointEngine) else []
     ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
     rng_path = ckpt_dir / tag / f"rng_rank{rank:05d}.pt"
     torch.save(rng_state(), rng_path)
+    written.append(str(rng_path))
+    if rank == 0:                                 # DeepSpeed's recovery scripts, copied by global rank 0
+        written += [str(p) for p in (ckpt_dir / tag).glob("zero_to_*.py")]
+    for f in written:                             # each rank flushes what it wrote itself
+        _fsync_path(Path(f))
+    _fsync_path(ckpt_dir / tag)
     dist.barrier()
     if rank == 0:
-        for f in sorted((ckpt_dir / tag).rglob("*")):
-            if f.is_file():
-                _fsync_path(f)
-        _fsync_path(ckpt_dir / tag)
         _atomic_write(ckpt_dir / tag / META, json.dumps({**meta, "tag": tag, "step": step}, indent=1))
+        (ckpt_dir / tag / SAVING).unlink()
+        _fsync_path(ckpt_dir / tag)
         _atomic_write(ckpt_dir / LATEST, tag)
         prune(ckpt_dir, keep_last)
     dist.barrier()
@@ -237,15 +286,26 @@ def read_meta(ckpt_dir: Path, tag: str) -> dict:
     return json.loads((Path(ckpt_dir) / tag / META).read_text())
 
 
-def load(ds_engine, ckpt_dir: Path, tag: str) -> dict:
+def load(ds_engine, ckpt_dir: Path, tag: str, saved_layout: dict | None = None) -> dict:
     """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns the
-    DeepSpeed client state."""
+    DeepSpeed client state. A checkpoint written at another data-parallel size whose optimizer state is
+    partitioned over DP (ZeRO 1-3; DeepSpeed's bf16 optimizer) goes through DeepSpeed's universal checkpoint
+    (:mod:`.reshard`); an unpartitioned one (ZeRO 0) loads at any DP size as it is."""
+    from megatron.core import parallel_state as ps
+
+    from leviathan_pretrain.trainer import reshard
     ckpt_dir = Path(ckpt_dir)
-    path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=True,
-                                             load_lr_scheduler_states=False)
+    saved = saved_layout or {}
+    # optimizer state partitioned over DP: ZeRO 1-3, and DeepSpeed's bf16 optimizer (pipeline / ZeRO-1 bf16)
+    partitioned = any((ckpt_dir / tag).glob("*zero_pp_rank_*"))
+    if saved.get("dp") not in (None, ps.get_data_parallel_world_size()) and partitioned:
+        path, client = reshard.load_universal(ds_engine, ckpt_dir, tag, saved.get("zero_stage", 0) or 0)
+    else:
+        path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=True,
+                                                 load_lr_scheduler_states=False)
     if path is None:
         raise CheckpointError(f"{ckpt_dir / tag}: DeepSpeed could not load this checkpoint")
     rng_path = ckpt_dir / tag / f"rng_rank{dist.get_rank():05d}.pt"
-    if rng_path.is_file():
+    if rng_path.is_file():        # per global rank: after a DP change new ranks keep their fresh seeding
         set_rng_state(safe_load(rng_path))
     return client or {}

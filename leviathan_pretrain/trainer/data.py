@@ -8,6 +8,11 @@
   that leaves a requested split without tokens (megatron-core would loop forever on it).
 - :func:`build_datasets` builds the train and validation splits with ``BlendedMegatronDatasetBuilder``
   (weights per prefix, seeded shuffling, index cache in ``data.cache_dir``; rank 0 builds the cache first).
+  ``python -m leviathan_pretrain.build_data_cache`` builds the same cache ahead of training in one CPU
+  process; it stamps the cache dir (``leviathan_data_cache.json``: a fingerprint of everything that
+  determines the indices, and the files) and rank 0 says whether the trainer found it complete.
+  Max-token-id scans of shards without ``counts.npy`` are remembered in ``leviathan_shard_scans.json``
+  there (keyed by path, size and mtime), so a scan happens once per shard, not once per start.
 - :class:`Batches` turns "samples consumed so far" into this rank's micro-batches. Sample ``i`` of the run is
   always ``train_ds[i]``: a global batch is ``[consumed, consumed + global_batch)``, micro-batch ``k`` of
   data-parallel rank ``r`` is its slice ``k * micro * dp + r * micro``. Every rank that needs data (all
@@ -16,8 +21,13 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import struct
+import sys
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +41,8 @@ DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6
                8: np.uint16}
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 SCAN_BYTES = 64 << 20
+STAMP = "leviathan_data_cache.json"       # in the cache dir: which index sets are complete, and their files
+SCANS = "leviathan_shard_scans.json"      # in the cache dir: max token ids of scanned shards
 
 
 class ShardError(ValueError):
@@ -48,6 +60,7 @@ class ShardInfo:
     max_token_id: int | None          # largest token id present, when known
     sequence_lengths: np.ndarray      # memory-mapped int32 [num_sequences]
     manifest: dict
+    max_id_source: str | None = None  # "counts", "scan", "scan cache" or None (unknown)
 
 
 def _read_index(prefix: str) -> tuple[type, np.ndarray, np.ndarray, int]:
@@ -69,10 +82,81 @@ def _read_index(prefix: str) -> tuple[type, np.ndarray, np.ndarray, int]:
 
 
 def _scan_max_id(bin_path: Path, dtype) -> int:
-    """Largest token id in a shard, reading the memory map in slices (never the whole file at once)."""
-    data = np.memmap(bin_path, mode="r", dtype=dtype)
-    step = max(1, SCAN_BYTES // np.dtype(dtype).itemsize)
-    return int(max(int(data[i:i + step].max()) for i in range(0, len(data), step)))
+    """Largest token id in a shard, read in 64 MiB blocks into one reused buffer (memory stays ~64 MiB even
+    for a multi-hundred-GB shard: no memory map whose touched pages would count as resident)."""
+    item = np.dtype(dtype).itemsize
+    buf = np.empty(max(1, SCAN_BYTES // item), dtype=dtype)
+    best = None
+    with open(bin_path, "rb") as f:              # buffered: readinto fills the block unless at EOF
+        while True:
+            n = f.readinto(memoryview(buf).cast("B")) // item
+            if n <= 0:
+                break
+            m = int(buf[:n].max())
+            best = m if best is None else max(best, m)
+    if best is None:
+        raise ShardError(f"{bin_path}: no token data to scan")
+    return best
+
+
+def cache_dir(cfg: Config) -> Path:
+    """The megatron-core index cache (and this module's stamp and scan files): ``data.cache_dir`` or
+    ``<train.out_dir>/data_cache``."""
+    return Path(cfg.data.cache_dir or Path(cfg.train.out_dir) / "data_cache")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` under a temporary name in the same directory, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``; ``{}`` when it is missing or not a JSON object (then it is rebuilt)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _file_key(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _warn(msg: str) -> None:
+    print(f"[data] warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _scan_cached(bin_path: Path, dtype, cache: Path | None) -> tuple[int, str]:
+    """The shard's largest token id from the scan record in ``cache`` (same path, size, mtime and dtype),
+    else from a scan, which is then recorded there (atomically; an unwritable cache only warns)."""
+    if cache is None:
+        return _scan_max_id(bin_path, dtype), "scan"
+    key, me = str(bin_path.resolve()), {**_file_key(bin_path), "dtype": np.dtype(dtype).name}
+    hit = read_json(cache / SCANS).get("shards", {}).get(key)
+    if isinstance(hit, dict) and isinstance(hit.get("max_token_id"), int) and all(hit.get(k) == v
+                                                                                  for k, v in me.items()):
+        return hit["max_token_id"], "scan cache"
+    max_id = _scan_max_id(bin_path, dtype)
+    table = read_json(cache / SCANS).get("shards", {})           # re-read: another process may have added one
+    table = table if isinstance(table, dict) else {}
+    table[key] = {**me, "max_token_id": max_id}
+    try:
+        atomic_write_text(cache / SCANS, json.dumps({"format": 1, "shards": table}, indent=1, sort_keys=True))
+    except OSError as e:
+        _warn(f"could not record the scan of {bin_path} in {cache / SCANS} ({e}); the next start scans again")
+    return max_id, "scan"
 
 
 def find_manifest(prefix: str) -> dict:
@@ -93,8 +177,11 @@ def find_manifest(prefix: str) -> dict:
     return {}
 
 
-def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
-    """Sizes, dtype and vocabulary of one shard; raises :class:`ShardError` naming what is wrong."""
+def inspect_shard(prefix: str, scan_if_unknown: bool = True, scan_cache: str | Path | None = None) -> ShardInfo:
+    """Sizes, dtype and vocabulary of one shard; raises :class:`ShardError` naming what is wrong.
+
+    Without ``PREFIX.counts.npy`` the ``.bin`` is scanned for its largest id (``scan_if_unknown``); with
+    ``scan_cache`` (a directory) the scan result is looked up there first and recorded there after a scan."""
     for ext in (".idx", ".bin"):
         if not Path(prefix + ext).is_file():
             raise ShardError(f"data shard {prefix}: {prefix + ext} does not exist")
@@ -108,17 +195,17 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True) -> ShardInfo:
         raise ShardError(f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, "
                          f"the index needs {need})")
     manifest = find_manifest(prefix)
-    vocab, max_id = manifest_tokenizer(manifest).get("vocab_size", manifest.get("vocab_size")), None
+    vocab, max_id, source = manifest_tokenizer(manifest).get("vocab_size", manifest.get("vocab_size")), None, None
     cpath = Path(prefix + ".counts.npy")
     if cpath.is_file():
         counts = np.load(cpath, mmap_mode="r", allow_pickle=False)
         vocab = int(counts.shape[0])
         nz = np.flatnonzero(counts)
-        max_id = int(nz[-1]) if len(nz) else None
+        max_id, source = (int(nz[-1]) if len(nz) else None), "counts"
     elif scan_if_unknown:
-        max_id = _scan_max_id(bin_path, dtype)
+        max_id, source = _scan_cached(bin_path, dtype, None if scan_cache is None else Path(scan_cache))
     return ShardInfo(prefix, len(lengths), n_doc, n_tok, dtype, None if vocab is None else int(vocab), max_id,
-                     lengths, manifest)
+                     lengths, manifest, source)
 
 
 def manifest_tokenizer(manifest: dict) -> dict:
@@ -172,7 +259,7 @@ def check_data(cfg: Config, tok_sha: str | None = None) -> dict[str, ShardInfo]:
     tok_sha = tok_sha or tokenizer_sha256(cfg)
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
         if p not in infos:
-            infos[p] = inspect_shard(p)
+            infos[p] = inspect_shard(p, scan_cache=cache_dir(cfg))
             check_vocab(infos[p], cfg.model.vocab_size)
             shard_sha = manifest_tokenizer(infos[p].manifest).get("sha256")
             if tok_sha and shard_sha and shard_sha != tok_sha:
@@ -222,33 +309,159 @@ def data_summary(cfg: Config) -> dict:
     infos = check_data(cfg, tok_sha)
     return {"eod_id": eod_id(cfg, infos), "tokenizer_sha256": tok_sha,
             "shards": {p: {"sequences": i.num_sequences, "documents": i.num_documents, "tokens": i.num_tokens,
-                           "vocab_size": i.vocab_size, "max_token_id": i.max_token_id} for p, i in infos.items()}}
+                           "vocab_size": i.vocab_size, "max_token_id": i.max_token_id,
+                           "max_id_source": i.max_id_source} for p, i in infos.items()}}
 
 
-def build_datasets(cfg: Config, eod: int, needs_data: bool):
-    """(train, valid) megatron-core datasets; collective over all ranks (rank 0 builds the index cache first).
-
-    ``needs_data`` is False on middle pipeline stages, which get ``(None, None)``."""
-    import logging
-
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-    logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
+def dataset_config(cfg: Config, eod: int, path_to_cache: str | None = None):
+    """The ``GPTDatasetConfig`` of a run (its index file names depend on everything but ``path_to_cache``)."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
     d = cfg.data
     blend = (list(d.prefixes), list(d.weights) if d.weights else None)
     kw = dict(blend=blend, split=d.split)
     if d.valid_prefixes is not None:
         kw = dict(blend_per_split=[blend, (list(d.valid_prefixes), None), None])
-    cache = d.cache_dir or str(Path(cfg.train.out_dir) / "data_cache")
-    dcfg = GPTDatasetConfig(random_seed=d.seed, sequence_length=cfg.model.seq_length, path_to_cache=cache,
+    return GPTDatasetConfig(random_seed=d.seed, sequence_length=cfg.model.seq_length,
+                            path_to_cache=path_to_cache or str(cache_dir(cfg)),
                             tokenizer=_TokenIds(cfg.model.vocab_size, eod),
                             reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=d.eod_mask_loss,
                             create_attention_mask=False, mmap_bin_files=True, **kw)
+
+
+def build_splits(cfg: Config, eod: int, needs_data: bool, path_to_cache: str | None = None) -> list:
+    """[train, valid, test] from megatron-core's builder (collective when torch.distributed is initialised;
+    megatron's blends need it to be). Used by the trainer and by ``build_data_cache``."""
+    import logging
+
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
     sizes = sample_counts(cfg)
-    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: needs_data, dcfg).build()
+    splits = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: needs_data,
+                                           dataset_config(cfg, eod, path_to_cache)).build()
+    train = splits[0]
     if needs_data and train is not None and len(train) < sizes[0]:
         raise ShardError(f"data: the training blend yields {len(train)} samples, fewer than the "
                          f"{sizes[0]} the run needs")
+    return list(splits)
+
+
+def index_files(datasets) -> list[str]:
+    """Names (in the cache dir) of the index files megatron-core reads for these datasets, as it names them."""
+    out: list[str] = []
+    for ds in datasets:
+        if ds is None or not hasattr(ds, "unique_description_hash"):
+            continue
+        kind = type(ds).__name__
+        if hasattr(ds, "datasets"):                     # BlendedDataset
+            base, affixes = f"{ds.unique_description_hash}-{kind}-{ds.split.name}", BLENDED_FILES
+            out += [n for n in index_files(ds.datasets) if n not in out]
+        else:                                           # GPTDataset
+            base, affixes = f"{ds.unique_description_hash}-{kind}-{ds.index_split.name}", GPT_FILES
+        out += [f"{base}-{a}" for a in affixes if f"{base}-{a}" not in out]
+    return out
+
+
+GPT_FILES = ("document_index.npy", "sample_index.npy", "shuffle_index.npy", "description.txt")
+BLENDED_FILES = ("dataset_index.npy", "dataset_sample_index.npy", "description.txt")
+
+
+def _megatron_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def cache_fingerprint(cfg: Config, eod: int) -> dict:
+    """Everything that determines the index files: shards (path, size, mtime), blend, split, sequence length,
+    seed, samples per split, EOD id, vocabulary and the megatron-core version that builds them."""
+    d = cfg.data
+    shards = {}
+    for p in list(d.prefixes) + list(d.valid_prefixes or []):
+        shards[p] = {ext[1:]: _file_key(Path(p + ext)) if Path(p + ext).is_file() else None
+                     for ext in (".bin", ".idx")}
+    g = cfg.train.global_batch_size
+    return {"data.prefixes": list(d.prefixes), "data.weights": list(d.weights) if d.weights else None,
+            "data.split": d.split, "data.valid_prefixes": list(d.valid_prefixes) if d.valid_prefixes is not None
+            else None, "model.seq_length": cfg.model.seq_length, "data.seed": d.seed,
+            "samples (train.steps x train.global_batch_size, train.eval_iters x train.global_batch_size)":
+                [cfg.train.steps * g, cfg.train.eval_iters * g],
+            "eod id": eod, "model.vocab_size": cfg.model.vocab_size, "shard files (size, mtime)": shards,
+            "megatron-core": _megatron_version()}
+
+
+def fingerprint_key(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_status(cfg: Config, eod: int) -> tuple[bool, str]:
+    """(True, "") when the stamp in the cache dir lists this configuration and all its files are there with
+    the recorded sizes; else (False, why)."""
+    cdir = cache_dir(cfg)
+    fp = cache_fingerprint(cfg, eod)
+    entries = read_json(cdir / STAMP).get("entries")
+    if not isinstance(entries, dict) or not entries:
+        return False, f"{cdir / STAMP} does not exist" if not (cdir / STAMP).exists() else f"{cdir / STAMP} is empty"
+    entry = entries.get(fingerprint_key(fp))
+    if isinstance(entry, dict):
+        files = entry.get("files", {})
+        bad = [n for n, size in files.items() if not (cdir / n).is_file() or (cdir / n).stat().st_size != size]
+        if files and not bad:
+            return True, ""
+        return False, (f"{len(bad)} of its index files are missing or changed (e.g. {cdir / bad[0]})" if bad
+                       else "its stamp lists no files")
+    last = max((e for e in entries.values() if isinstance(e, dict)), key=lambda e: e.get("created", ""),
+               default={})
+    old = last.get("fingerprint", {})
+    diff = [f"{k}: {old.get(k)!r} -> {fp[k]!r}" for k in fp if old.get(k) != fp[k]]
+    return False, (f"it was built for another configuration ({'; '.join(diff)[:600]})" if diff
+                   else "no stamp entry matches this configuration")
+
+
+def write_stamp(cfg: Config, eod: int, files: list[str], built_by: str) -> Path:
+    """Record this configuration and its index files (with sizes) as complete in the cache dir's stamp."""
+    cdir = cache_dir(cfg)
+    fp = cache_fingerprint(cfg, eod)
+    stamp = read_json(cdir / STAMP)
+    entries = stamp.get("entries") if isinstance(stamp.get("entries"), dict) else {}
+    entries[fingerprint_key(fp)] = {"fingerprint": fp, "files": {n: (cdir / n).stat().st_size for n in files},
+                                    "built_by": built_by, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    atomic_write_text(cdir / STAMP, json.dumps({"format": 1, "entries": entries}, indent=1))
+    return cdir / STAMP
+
+
+def build_datasets(cfg: Config, eod: int, needs_data: bool):
+    """(train, valid) megatron-core datasets; collective over all ranks (rank 0 builds the index cache first,
+    unless ``build_data_cache`` built it: then every rank only loads it).
+
+    ``needs_data`` is False on middle pipeline stages, which get ``(None, None)``."""
+    import torch.distributed as dist
+
+    from leviathan_pretrain.build_data_cache import command_for
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    cdir = cache_dir(cfg)
+    complete, why = cache_status(cfg, eod)          # every rank: the same files, the same answer
+    if not complete and cfg.data.require_prebuilt_cache:
+        raise ConfigError(f"data.require_prebuilt_cache: no complete prebuilt data index cache in {cdir} ({why}); "
+                          f"build it first with: {command_for(cfg)}")
+    if rank == 0:
+        if complete:
+            print(f"[data] using the prebuilt data index cache {cdir}", flush=True)
+        else:
+            print(f"[data] the data index cache in {cdir} is missing or incomplete ({why}); rank 0 builds it now, "
+                  "while the other ranks wait (up to parallel.init_timeout_minutes). For Pile-scale data build it "
+                  f"before training with: {command_for(cfg)}", flush=True)
+    t0 = time.perf_counter()
+    train, valid, test = build_splits(cfg, eod, needs_data)
+    if rank == 0 and not complete and train is not None:
+        try:
+            stamp = write_stamp(cfg, eod, index_files([train, valid, test]), "train")
+            print(f"[data] built the data index cache in {time.perf_counter() - t0:.1f} s; stamped {stamp}",
+                  flush=True)
+        except OSError as e:
+            _warn(f"could not write the data cache stamp in {cdir} ({e})")
     return train, (valid if cfg.train.eval_interval > 0 else None)
 
 

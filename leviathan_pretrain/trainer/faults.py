@@ -3,7 +3,8 @@
 Exit codes of ``python -m leviathan_pretrain.train``:
 
 - ``0``  finished ``train.steps`` (final checkpoint written)
-- ``2``  bad config or data (one line naming the key or file; nothing was trained)
+- ``1``  any other error; raised on one rank, it ends every rank at once (:func:`abort_rank`)
+- ``2``  bad config or data (one line naming the key or file; a token id outside the vocabulary)
 - ``3``  stopped after ``train.max_bad_steps`` consecutive non-finite steps (no new checkpoint written)
 - ``75`` stopped early *with* a checkpoint: SIGTERM/SIGUSR1 (preemption, SLURM's warning before the time
   limit), ``train.exit_at_step`` or ``train.exit_after_minutes``. Re-run the same command to continue; a
@@ -75,12 +76,44 @@ class StopSignals:
             signal.signal(s, h)
         self._old.clear()
 
-    def any_rank(self, device) -> bool:
-        """Collective: True on every rank if any rank received a stop signal."""
-        flag = torch.tensor([1.0 if self.received is not None else 0.0], device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashed")
+
+
+def abort_rank(e: BaseException) -> None:
+    """End this process now after an error raised on this rank alone (not by every rank together).
+
+    The other ranks may be waiting for us in a collective; tearing down politely (a barrier, interpreter
+    shutdown joining communication threads) would hang until the process-group timeout. So: print the error
+    once — the rank that failed prints it, a rank that merely lost its peer says so in one line — and
+    ``os._exit``. gloo peers see the connection drop within a second and end the same way; with NCCL the
+    launcher ends them (torchrun, ``srun --kill-on-bad-exit=1``, mpirun all stop the job when one rank exits
+    non-zero). Exit code: 2 for a bad token id (bad data), 130 for Ctrl-C, else 1."""
+    import os
+    import sys
+    import traceback
+
+    from leviathan_pretrain.model.inputs import TokenIdError
+    rank = os.environ.get("RANK", "0")
+    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    if isinstance(e, KeyboardInterrupt):
+        code = 130
+        print(f"[rank {rank}] interrupted", file=sys.stderr, flush=True)
+    elif isinstance(e, RuntimeError) and any(p in str(e) for p in PEER_LOST):
+        code = 1
+        print(f"[rank {rank}] stopping: another rank exited (its error is in its own output): {msg}",
+              file=sys.stderr, flush=True)
+    elif isinstance(e, TokenIdError):
+        code = EXIT_CONFIG
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+    else:
+        code = 1
+        traceback.print_exception(e, file=sys.stderr)
+        print(f"[rank {rank}] error: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class AdamWSkipNonFinite(torch.optim.AdamW):

@@ -17,10 +17,11 @@ import torch.distributed as dist
 
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer import reshard
 from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
 from leviathan_pretrain.trainer.faults import (EXIT_OK, EXIT_REQUEUE, BadStepCounter, Diverged, StopSignals,
                                                is_finite)
-from leviathan_pretrain.trainer.metrics import Metrics, memory_stats, perplexity, throughput
+from leviathan_pretrain.trainer.metrics import Metrics, memory_stats, peak_flops, perplexity, throughput
 from leviathan_pretrain.trainer.schedule import lr_at
 
 
@@ -71,6 +72,7 @@ def collective_check(fn, *args):
 def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
     """The tag to resume from; with ``checkpoint.resume=false`` the directory must hold no checkpoint (a new
     run's checkpoints would mix with the old ones, and pruning keeps the highest steps)."""
+    ckpt.check_no_foreign(cdir)
     if cfg.checkpoint.resume:
         return ckpt.read_latest(cdir)
     if cdir.is_dir() and ckpt.complete_tags(cdir):
@@ -129,7 +131,7 @@ class Trainer:
     def __init__(self, cfg: Config, signals: StopSignals):
         from leviathan_pretrain.parallel import init_distributed, seed_everything
         self.cfg, self.signals = cfg, signals
-        self.denv = init_distributed(cfg.parallel, timeout_s=cfg.parallel.timeout_minutes * 60)
+        self.denv = init_distributed(cfg.parallel)
         self.lay = lay = layout(cfg)
         self.t0 = time.monotonic()
         self.out_dir, self.cdir = Path(cfg.train.out_dir), checkpoint_dir(cfg)
@@ -147,7 +149,8 @@ class Trainer:
             self.cdir.mkdir(parents=True, exist_ok=True)
             removed = ckpt.remove_incomplete(self.cdir, keep=self.latest)
             if removed:
-                print(f"[train] removed incomplete checkpoint(s) {', '.join(removed)} (interrupted saves)", flush=True)
+                print(f"[train] removed interrupted checkpoint save(s) {', '.join(removed)} (marked "
+                      f"{ckpt.SAVING}, never completed)", flush=True)
             (self.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         dist.barrier()
 
@@ -162,12 +165,13 @@ class Trainer:
             if self.eng.needs_data and valid_ds is not None else None
         self.step, self.consumed, skipped = 0, 0, 0
         if self.latest is not None:
-            ckpt.load(self.eng.ds, self.cdir, self.latest)
+            ckpt.load(self.eng.ds, self.cdir, self.latest, self.meta.get("layout"))
             self.step, self.consumed = self.meta["step"], self.meta["consumed_samples"]
             skipped = self.meta.get("skipped_steps", 0)
         self.bad = BadStepCounter(t.max_bad_steps, skipped)
         tb = Path(cfg.logging.tensorboard_dir or self.out_dir / "tensorboard") if cfg.logging.tensorboard else None
         self.metrics = Metrics(self.out_dir, tb, lay.writer, self.step, cfg.logging.log_interval, t.steps)
+        self.peak, self.peak_source = peak_flops(self.denv.device, cfg.parallel.precision, cfg.logging.peak_flops)
 
     def close(self) -> None:
         self.metrics.close()
@@ -180,8 +184,7 @@ class Trainer:
                 "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero_stage": cfg.parallel.zero_stage}}
         client = {"step": step, "consumed_samples": self.consumed, "tokenizer_sha256": self.tok_sha,
                   "model": to_dict(cfg.model)}
-        ckpt.save(self.eng.ds, self.cdir, step, meta, cfg.checkpoint.keep_last, client_state=client,
-                  kill_during_save=cfg.checkpoint.inject_kill_in_save_step == step)
+        ckpt.save(self.eng.ds, self.cdir, step, meta, cfg.checkpoint.keep_last, client_state=client)
         self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
 
     def validate(self) -> None:
@@ -200,12 +203,13 @@ class Trainer:
         return {"train/perplexity": perplexity(loss), "train/loss_scale": self.eng.loss_scale(),
                 "train/samples_consumed": self.consumed,
                 "train/tokens_consumed": self.consumed * cfg.model.seq_length,
-                **throughput(tokens, seconds_per_step, flops, lay.world, cfg.logging.peak_flops),
+                **throughput(tokens, seconds_per_step, flops, lay.world, self.peak),
                 **memory_stats(self.denv.device), **health}
 
     def train_step(self) -> tuple[dict, float]:
         cfg, t, eng = self.cfg, self.cfg.train, self.eng
-        lr = lr_at(self.step - 1, cfg.optim, t.steps)
+        # the schedule advances with applied updates only: a skipped (non-finite) step consumes no LR step
+        lr = lr_at(self.step - 1 - self.bad.total, cfg.optim, t.steps)
         eng.set_lr(lr)
         t_step = time.perf_counter()
         mbs = self.train_batches.global_batch(self.consumed) if self.train_batches is not None else None
@@ -227,14 +231,15 @@ class Trainer:
         cfg, t, lay, m = self.cfg, self.cfg.train, self.lay, self.metrics
         m.record({"step": self.step, "event": "layout", "world": lay.world, "tp": lay.tp, "pp": lay.pp,
                   "dp": lay.dp, "gas": lay.gas, "zero_stage": cfg.parallel.zero_stage,
-                  "precision": cfg.parallel.precision, "device": self.denv.device.type})
+                  "precision": cfg.parallel.precision, "device": self.denv.device.type, "peak_flops": self.peak})
         if self.latest is not None:
             m.event(self.step, "resumed", tag=self.latest, consumed_samples=self.consumed)
         elif lay.writer:
             print(f"[train] {cfg.model.variant} model, TP={lay.tp} PP={lay.pp} DP={lay.dp}, ZeRO "
                   f"{cfg.parallel.zero_stage}, {cfg.parallel.precision}, micro-batch {t.micro_batch_size} x "
-                  f"accumulation {lay.gas} x DP {lay.dp} = global batch {t.global_batch_size}, {t.steps} steps",
-                  flush=True)
+                  f"accumulation {lay.gas} x DP {lay.dp} = global batch {t.global_batch_size}, {t.steps} steps; "
+                  f"MFU: " + (f"peak {self.peak / 1e12:g} TFLOP/s per device ({self.peak_source})"
+                              if self.peak is not None else f"not reported ({self.peak_source})"), flush=True)
         if self.step >= t.steps:
             m.event(self.step, "already complete", steps=t.steps)
             return EXIT_OK
@@ -293,7 +298,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, lay: Layout) -> None:
-    """The checkpoint's model config, tokenizer and parallel layout match this run (before loading it)."""
+    """The checkpoint's model config and tokenizer match this run, and its parallel layout can be loaded: the
+    same TP, PP and ZeRO stage; another data-parallel size with ``checkpoint.reshard`` (before loading it)."""
     saved = _flat(meta.get("config", {}).get("model", {}))
     now = _flat(to_dict(cfg.model))
     diff = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_FREE and saved.get(k) != now.get(k)]
@@ -304,7 +310,5 @@ def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, 
     if meta.get("tokenizer_sha256") and tok_sha and meta["tokenizer_sha256"] != tok_sha:
         raise ckpt.CheckpointError(f"{where}: written with a different tokenizer (sha256 "
                                    f"{meta['tokenizer_sha256'][:12]}...) than data.tokenizer={cfg.data.tokenizer}")
-    old = meta.get("layout", {})
-    if (old.get("tp"), old.get("pp"), old.get("dp")) != (lay.tp, lay.pp, lay.dp):
-        raise ckpt.CheckpointError(f"{where}: written with TP={old.get('tp')} PP={old.get('pp')} DP={old.get('dp')}, "
-                                   f"this run has TP={lay.tp} PP={lay.pp} DP={lay.dp}; resume with the same layout")
+    reshard.check_layout(meta.get("layout", {}), lay.tp, lay.pp, lay.dp, cfg.parallel.zero_stage,
+                         cfg.checkpoint.reshard, where)

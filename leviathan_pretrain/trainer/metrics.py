@@ -6,8 +6,9 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
 - every step: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/skipped_steps``
 - every ``logging.log_interval`` steps: ``train/perplexity``, ``train/loss_scale``, ``train/samples_consumed``,
   ``train/tokens_consumed``, ``perf/tokens_per_s``, ``perf/step_time_s``, ``perf/tflops_per_device``,
-  ``perf/mfu`` (model FLOPs from ``model_flops_per_token`` incl. LEV's per-unique-id work, over
-  ``logging.peak_flops`` x devices), ``memory/cuda_max_allocated_gb`` (GPU) or ``memory/rss_gb`` (CPU),
+  ``perf/mfu`` (model FLOPs from ``model_flops_per_token`` incl. LEV's per-unique-id work, over the
+  per-device peak of :func:`peak_flops` x devices; only where that peak is known: never on a CPU unless
+  ``logging.peak_flops`` is set), ``memory/cuda_max_allocated_gb`` (GPU) or ``memory/rss_gb`` (CPU),
   ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
 - every validation: ``valid/loss``, ``valid/perplexity``
 
@@ -49,11 +50,40 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 80.0)) if math.isfinite(loss) else float("nan")
 
 
-def throughput(tokens: int, seconds: float, flops_per_token: float, world: int, peak_flops: float) -> dict:
+# Dense peak FLOP/s per GPU from the vendors' datasheets (no sparsity), by precision. fp32 is the plain
+# (non-tensor-core) rate: torch does not use TF32 for fp32 matmuls unless told to.
+GPU_PEAK_FLOPS = (   # (substrings of torch.cuda.get_device_name(), all must match), {precision: FLOP/s}
+    (("H200",), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    (("H100", "PCIe"), {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    (("H100", "HBM3"), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),       # H100 SXM
+    (("H100", "SXM"), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    (("A100",), {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+)
+
+
+def peak_flops(device: torch.device, precision: str, configured: float | None) -> tuple[float | None, str]:
+    """The per-device peak that MFU divides by, and where it came from. ``logging.peak_flops`` wins; else a
+    known GPU's datasheet figure for ``precision``; else None (every CPU, unknown GPUs): no MFU is reported,
+    because a guessed peak gives a figure that can exceed 100% on another machine."""
+    if configured is not None:
+        return float(configured), "logging.peak_flops"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for keys, table in GPU_PEAK_FLOPS:
+            if all(k in name for k in keys):
+                return table[precision], f"{name} {precision} datasheet"
+        return None, f"unknown GPU {name!r}: set logging.peak_flops for MFU"
+    return None, "a CPU has no reliable peak; set logging.peak_flops to your machine's measured one for MFU"
+
+
+def throughput(tokens: int, seconds: float, flops_per_token: float, world: int, peak: float | None) -> dict:
+    """Tokens/s, achieved model TFLOP/s per device and, when the peak is known, MFU (a fraction)."""
     tps = tokens / max(seconds, 1e-9)
     tflops = tps * flops_per_token / world / 1e12
-    return {"perf/tokens_per_s": tps, "perf/step_time_s": seconds, "perf/tflops_per_device": tflops,
-            "perf/mfu": tflops * 1e12 / peak_flops}
+    out = {"perf/tokens_per_s": tps, "perf/step_time_s": seconds, "perf/tflops_per_device": tflops}
+    if peak is not None:
+        out["perf/mfu"] = tflops * 1e12 / peak
+    return out
 
 
 def truncate_log(path: Path, last_step: int) -> None:
@@ -121,7 +151,8 @@ class Metrics:
                   f"ppl {extra['train/perplexity']:.2f} | lr {rec['lr']:.3e} | "
                   f"gnorm {gn if gn is None else f'{gn:.3f}'} | {extra['perf/tokens_per_s']:,.0f} tok/s | "
                   f"{extra['perf/step_time_s']:.3f} s/step | {extra['perf/tflops_per_device']:.3f} TFLOP/s | "
-                  f"mfu {100 * extra['perf/mfu']:.2f}% | mem {mem:.2f} GB | skipped {rec['skipped_total']}",
+                  + (f"mfu {100 * extra['perf/mfu']:.2f}% | " if "perf/mfu" in extra else "")
+                  + f"mem {mem:.2f} GB | skipped {rec['skipped_total']}",
                   flush=True)
 
     def valid(self, step: int, loss: float) -> None:

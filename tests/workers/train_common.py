@@ -117,7 +117,25 @@ def dp_tp_runs() -> dict:
         {"name": "resume_false", "config": CONFIG,        # a fresh start into dp2_z1's checkpoints is refused
          "overrides": overrides("dp2_z1", *TRAJ, "parallel.zero_stage=1", "checkpoint.resume=false")},
         spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
+        spec("dp2_z0", *TRAJ, "parallel.zero_stage=0", "train.eval_interval=0"),
+        spec("dp2_z2", *TRAJ, "parallel.zero_stage=2", "train.eval_interval=0"),
     ], nprocs=2)
+
+
+RESHARD_STOP = 26
+
+
+@functools.cache
+def reshard_runs() -> dict:
+    """The DP=2 runs stopped at step 20 (ZeRO 0/1/2/3) resumed on ONE process (a requeue on fewer nodes) to step
+    26; and the TP=2 run resumed at TP=1, which must be refused."""
+    dp_tp_runs()
+    stop = f"train.exit_at_step={RESHARD_STOP}"
+    return launch("reshard", [
+        *[spec(f"dp2_z{z}", "train.steps=60", stop, f"parallel.zero_stage={z}", "train.eval_interval=0")
+          for z in (0, 1, 2, 3)],
+        spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=1"),
+    ], nprocs=1)
 
 
 @functools.cache

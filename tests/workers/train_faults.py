@@ -1,0 +1,77 @@
+"""Test-only: ``python -m leviathan_pretrain.train`` with faults injected from outside the product code.
+
+Run as ``python tests/workers/train_faults.py --config ... key=value ...`` (directly or under
+``launchers/local.py``); environment variables pick the fault:
+
+- ``LEV_TEST_KILL_IN_SAVE_STEP=N``: rank 0 SIGKILLs itself half-way through writing its first file of the
+  step-N checkpoint (a crash during a save).
+- ``LEV_TEST_BAD_TOKEN_RANK=R`` + ``LEV_TEST_BAD_TOKEN_STEP=S``: rank R's micro-batches of step S carry a
+  token id outside the vocabulary (the model raises ``TokenIdError`` on that rank only).
+- ``LEV_TEST_FSYNC_LOG=DIR``: every ``os.fsync`` is recorded as the path of its file descriptor in
+  ``DIR/fsync-rank<R>.txt`` (which rank flushes which checkpoint file).
+"""
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from leviathan_pretrain.trainer import checkpoint as ckpt  # noqa: E402
+from leviathan_pretrain.trainer import data as tdata  # noqa: E402
+
+RANK = int(os.environ.get("RANK", "0"))
+
+kill_step = os.environ.get("LEV_TEST_KILL_IN_SAVE_STEP")
+if kill_step:
+    _save = ckpt.SafeCheckpointEngine.save
+
+    def save(self, state_dict, path):
+        if RANK == 0 and f"{ckpt.TAG_PREFIX}{kill_step}" in str(path):
+            buf = io.BytesIO()
+            torch.save(state_dict, buf)
+            with open(path, "wb") as f:
+                f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _save(self, state_dict, path)
+
+    ckpt.SafeCheckpointEngine.save = save
+
+bad_rank = os.environ.get("LEV_TEST_BAD_TOKEN_RANK")
+if bad_rank is not None and int(bad_rank) == RANK:
+    bad_step = int(os.environ["LEV_TEST_BAD_TOKEN_STEP"])
+    _global_batch = tdata.Batches.global_batch
+
+    def global_batch(self, consumed):
+        mbs = _global_batch(self, consumed)
+        if consumed == (bad_step - 1) * self.g:
+            for mb in mbs:
+                mb["tokens"][0, 0] = 10**6          # far outside any test vocabulary
+        return mbs
+
+    tdata.Batches.global_batch = global_batch
+
+fsync_dir = os.environ.get("LEV_TEST_FSYNC_LOG")
+if fsync_dir:
+    _fsync = os.fsync
+    log = open(Path(fsync_dir) / f"fsync-rank{RANK}.txt", "a", buffering=1)
+
+    def fsync(fd):
+        try:
+            log.write(os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}") + "\n")
+        except OSError:
+            pass
+        return _fsync(fd)
+
+    os.fsync = fsync
+
+from leviathan_pretrain.train import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
