@@ -17,6 +17,7 @@ train split at /tmp/minipile/train/00.jsonl.zst (built with data_prep.make_corpu
 32k BPE tokenizer trained on it (cached under --cache). Other work on the machine adds noise: only
 side-by-side ratios are meaningful.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-SP_ONLY = r'''
+SP_ONLY = r"""
 import sys
 import orjson
 import sentencepiece as spm
@@ -47,7 +48,7 @@ for path in paths:
     texts.extend(orjson.loads(line)["text"] for line in data.split(b"\n") if line)
 ids = sp.encode(texts, num_threads=workers)
 print(len(texts), sum(map(len, ids)))
-'''
+"""
 
 
 def run(cmd, env=None) -> dict:
@@ -75,17 +76,33 @@ def ensure_inputs(args) -> tuple[str, str]:
         inp = str(corpus / "train" / "00.jsonl.zst")
         if not os.path.exists(inp):
             print(f"building the corpus in {corpus} ...", flush=True)
-            subprocess.run([sys.executable, "-m", "data_prep.make_corpus", str(corpus), "--force"], cwd=REPO,
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "data_prep.make_corpus", str(corpus), "--force"], cwd=REPO, check=True
+            )
     tok = args.tokenizer
     if not tok:
         d = cache / "tokenizer32k"
         tok = str(d / "tokenizer.model")
         if not os.path.exists(tok):
             print(f"training a 32k tokenizer in {d} ...", flush=True)
-            subprocess.run([sys.executable, "-m", "data_prep.train_tokenizer", "--input", inp, "--vocab-size",
-                            "32000", "--sample-bytes", "20", "--output", str(d), "--overwrite"], cwd=REPO,
-                           check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "data_prep.train_tokenizer",
+                    "--input",
+                    inp,
+                    "--vocab-size",
+                    "32000",
+                    "--sample-bytes",
+                    "20",
+                    "--output",
+                    str(d),
+                    "--overwrite",
+                ],
+                cwd=REPO,
+                check=True,
+            )
     return inp, tok
 
 
@@ -104,9 +121,22 @@ def main() -> int:
         script = work / "sp_only.py"
         script.write_text(SP_ONLY)
         a_cmd = [sys.executable, str(script), tok, str(args.workers), inp]
-        b_cmd = [sys.executable, "-m", "data_prep.tokenize", "--input", inp, "--tokenizer", tok,
-                 "--output-prefix", str(work / "out" / "train"), "--workers", str(args.workers), "--overwrite",
-                 "--no-progress", *args.extra.split()]
+        b_cmd = [
+            sys.executable,
+            "-m",
+            "data_prep.tokenize",
+            "--input",
+            inp,
+            "--tokenizer",
+            tok,
+            "--output-prefix",
+            str(work / "out" / "train"),
+            "--workers",
+            str(args.workers),
+            "--overwrite",
+            "--no-progress",
+            *args.extra.split(),
+        ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         print(f"input {inp} ({os.path.getsize(inp) / 1e6:.1f} MB), tokenizer {tok}, workers {args.workers}")
         print("warm-up ...", flush=True)
@@ -120,13 +150,18 @@ def main() -> int:
             for k, cmd in (("A", a_cmd), ("B", b_cmd)):
                 r = run(cmd, env)
                 res[k].append(r)
-                print(f"  rep {i + 1} {k}: wall {r['wall']:6.2f} s  cpu {r['cpu']:6.2f} s  peak RSS "
-                      f"{r['rss_mb']:7.1f} MB", flush=True)
+                print(
+                    f"  rep {i + 1} {k}: wall {r['wall']:6.2f} s  cpu {r['cpu']:6.2f} s  peak RSS "
+                    f"{r['rss_mb']:7.1f} MB",
+                    flush=True,
+                )
         med = {k: {f: statistics.median(r[f] for r in v) for f in ("wall", "cpu", "rss_mb")} for k, v in res.items()}
         mb = m["text_bytes"] / 1e6
         for k, name in (("A", "SentencePiece only"), ("B", "data_prep.tokenize")):
-            print(f"{k} {name:20s} median wall {med[k]['wall']:6.2f} s ({mb / med[k]['wall']:.2f} MB/s)  "
-                  f"cpu {med[k]['cpu']:6.2f} s  peak RSS {med[k]['rss_mb']:7.1f} MB")
+            print(
+                f"{k} {name:20s} median wall {med[k]['wall']:6.2f} s ({mb / med[k]['wall']:.2f} MB/s)  "
+                f"cpu {med[k]['cpu']:6.2f} s  peak RSS {med[k]['rss_mb']:7.1f} MB"
+            )
         pairs = [a["wall"] / b["wall"] for a, b in zip(res["A"], res["B"])]
         print(f"pairwise A/B: {', '.join(f'{p:.3f}' for p in pairs)}")
         print(f"ratio {med['A']['wall'] / med['B']['wall']:.3f}")

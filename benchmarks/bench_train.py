@@ -13,6 +13,7 @@ micro-batch (what its cost depends on).
 ``--summarize RUN_DIR ...`` instead prints tokens/s, TFLOP/s and MFU of finished training runs from their
 ``train_log.jsonl`` and ``config.json`` (used by ``benchmarks/gpu_check.sh``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,17 @@ def write_zipf_shard(prefix: str, vocab: int, tokens: int, seed: int = 0) -> str
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, vocab)
-    p = 1.0 / ranks ** 1.1
-    perm = rng.permutation(ranks)          # frequent ids spread over the id range (LEV digits differ)
+    p = 1.0 / ranks**1.1
+    perm = rng.permutation(ranks)  # frequent ids spread over the id range (LEV digits differ)
     ids = perm[rng.choice(len(ranks), size=tokens, p=p / p.sum())]
     b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16 if vocab <= 65536 else np.int32)
     start = 0
     while start < tokens:
-        doc = ids[start:start + int(rng.integers(100, 1000))].astype(np.int64)
+        doc = ids[start : start + int(rng.integers(100, 1000))].astype(np.int64)
         doc[-1] = 0
         b.add_document(torch.from_numpy(doc), [len(doc)])
         start += len(doc)
@@ -53,23 +55,31 @@ def write_zipf_shard(prefix: str, vocab: int, tokens: int, seed: int = 0) -> str
 
 # ---------------------------------------------------------------- worker: both models in one launch
 
+
 def worker(args) -> None:
     import warnings
+
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
+    from leviathan_pretrain.parallel import destroy_distributed, init_distributed, parallel_dims, seed_everything
     from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
     from leviathan_pretrain.trainer.engine import build_engine
-    from leviathan_pretrain.trainer.loop import collective_check, layout
-    common = [f"parallel.tensor_parallel={args.tp}", f"data.prefixes=[{args.data}]", "train.eval_interval=0",
-              "data.split=90,5,5",
-              f"train.steps={args.warmup + args.steps}", *args.overrides]
+    from leviathan_pretrain.trainer.loop import collective_check
+
+    common = [
+        f"parallel.tensor_parallel={args.tp}",
+        f"data.prefixes=[{args.data}]",
+        "train.eval_interval=0",
+        "data.split=90,5,5",
+        f"train.steps={args.warmup + args.steps}",
+        *args.overrides,
+    ]
     cfgs = {name: load_config(path, common) for name, path in (("TIED", args.tied), ("LEV", args.lev))}
     denv = init_distributed(cfgs["LEV"].parallel)
-    lay = layout(cfgs["LEV"])
+    lay = parallel_dims(cfgs["LEV"].train.micro_batch_size, cfgs["LEV"].train.global_batch_size)
     summary = collective_check(data_summary, cfgs["LEV"])
     train, _ = build_datasets(cfgs["LEV"], summary["eod_id"], True)
     engines = {}
@@ -90,8 +100,16 @@ def worker(args) -> None:
                 times[name].append(time.perf_counter() - t0)
     tokens = t.global_batch_size * cfgs["LEV"].model.seq_length
     if lay.rank == 0:
-        print("RESULT " + json.dumps({name: {"tokens_per_s": tokens / statistics.median(ts), "median_s": statistics.median(ts)}
-                                      for name, ts in times.items()}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    name: {"tokens_per_s": tokens / statistics.median(ts), "median_s": statistics.median(ts)}
+                    for name, ts in times.items()
+                }
+            ),
+            flush=True,
+        )
     for eng in engines.values():
         eng.ds.destroy()
     destroy_distributed()
@@ -99,24 +117,47 @@ def worker(args) -> None:
 
 
 def run_worker(tp: int, args, data: str) -> dict:
-    cmd = [sys.executable, str(REPO / "launchers" / "local.py"), "-n", str(tp), "--",
-           str(Path(__file__).resolve()), "--worker", "--tp", str(tp), "--data", data, "--lev", args.lev,
-           "--tied", args.tied, "--steps", str(args.steps), "--warmup", str(args.warmup), *args.overrides]
+    cmd = [
+        sys.executable,
+        str(REPO / "launchers" / "local.py"),
+        "-n",
+        str(tp),
+        "--",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--tp",
+        str(tp),
+        "--data",
+        data,
+        "--lev",
+        args.lev,
+        "--tied",
+        args.tied,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        *args.overrides,
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    sys.exit(f"error: the TP={tp} benchmark launch failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-             f"{proc.stderr[-3000:]}")
+            return json.loads(line[len("RESULT ") :])
+    sys.exit(
+        f"error: the TP={tp} benchmark launch failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+        f"{proc.stderr[-3000:]}"
+    )
 
 
 # ---------------------------------------------------------------- summaries of finished runs
+
 
 def summarize(dirs: list[str], warmup: int) -> list[dict]:
     from leviathan_pretrain.config import Config
     from leviathan_pretrain.configlib import build
     from leviathan_pretrain.model import model_flops_per_token
+
     rows = []
     for d in dirs:
         d = Path(d)
@@ -128,30 +169,44 @@ def summarize(dirs: list[str], warmup: int) -> list[dict]:
         step_s = statistics.median(r["step_time_s"] for r in steps)
         tokens = cfg.train.global_batch_size * cfg.model.seq_length
         layout = next(r for r in reversed(recs) if r.get("event") == "layout")
-        world, peak = layout["world"], layout.get("peak_flops")      # None: no known peak (CPU), no MFU
+        world, peak = layout["world"], layout.get("peak_flops")  # None: no known peak (CPU), no MFU
         tps = tokens / step_s
         flops = tps * model_flops_per_token(cfg) / world
-        rows.append({"run": str(d), "variant": cfg.model.variant, "steps": len(steps), "step_s": step_s,
-                     "tokens_per_s": tps, "tflops_per_device": flops / 1e12,
-                     "mfu": flops / peak if peak else None,
-                     "final_loss": steps[-1]["loss"]})
+        rows.append(
+            {
+                "run": str(d),
+                "variant": cfg.model.variant,
+                "steps": len(steps),
+                "step_s": step_s,
+                "tokens_per_s": tps,
+                "tflops_per_device": flops / 1e12,
+                "mfu": flops / peak if peak else None,
+                "final_loss": steps[-1]["loss"],
+            }
+        )
     return rows
 
 
 def print_summary(rows: list[dict]) -> None:
     print(f"{'run':<40} {'variant':>8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'final loss':>10}")
     for r in rows:
-        print(f"{r['run']:<40} {r['variant']:>8} {r['tokens_per_s']:>12,.0f} {r['tflops_per_device']:>9.2f} "
-              + (f"{100 * r['mfu']:>6.2f}%" if r["mfu"] is not None else f"{'n/a':>7}") + f" {r['final_loss']:>10.4f}")
+        print(
+            f"{r['run']:<40} {r['variant']:>8} {r['tokens_per_s']:>12,.0f} {r['tflops_per_device']:>9.2f} "
+            + (f"{100 * r['mfu']:>6.2f}%" if r["mfu"] is not None else f"{'n/a':>7}")
+            + f" {r['final_loss']:>10.4f}"
+        )
     by = {r["variant"]: r for r in rows}
     if "lev" in by and "tied" in by:
         print(f"LEV/TIED tokens/s: {by['lev']['tokens_per_s'] / by['tied']['tokens_per_s']:.3f}")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python benchmarks/bench_train.py", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example: python benchmarks/bench_train.py --steps 20 --warmup 3")
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_train.py",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python benchmarks/bench_train.py --steps 20 --warmup 3",
+    )
     ap.add_argument("--lev", default=str(REPO / "configs/tiny-cpu-lev.yaml"), help="LEV config")
     ap.add_argument("--tied", default=str(REPO / "configs/tiny-cpu-tied.yaml"), help="TIED config")
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="TP sizes (one process per TP rank)")
@@ -160,19 +215,24 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=None, help="shard prefix (default: a synthetic Zipf shard)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     ap.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="summarize finished runs instead")
-    ap.add_argument("--write-shard", metavar="PREFIX",
-                    help="only write a synthetic Zipf shard for the --lev config's vocabulary (--tokens N)")
+    ap.add_argument(
+        "--write-shard",
+        metavar="PREFIX",
+        help="only write a synthetic Zipf shard for the --lev config's vocabulary (--tokens N)",
+    )
     ap.add_argument("--tokens", type=int, default=2_000_000, help="tokens of --write-shard (default 2M)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for both models")
     args = ap.parse_args(argv)
     import warnings
+
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     if args.summarize:
         print_summary(summarize(args.summarize, args.warmup))
         return 0
     if args.write_shard:
         from leviathan_pretrain.config import load_config
+
         vocab = load_config(args.lev, args.overrides).model.vocab_size
         print(write_zipf_shard(args.write_shard, vocab, args.tokens))
         return 0
@@ -181,6 +241,7 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     from leviathan_pretrain.config import load_config
+
     cfg = load_config(args.lev, args.overrides)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         data = args.data
@@ -188,14 +249,19 @@ def main(argv=None) -> int:
             need = (args.steps + args.warmup) * cfg.train.global_batch_size * (cfg.model.seq_length + 1)
             data = write_zipf_shard(str(Path(tmp) / "zipf"), cfg.model.vocab_size, int(need * 1.2) + 10000)
         results = {tp: run_worker(tp, args, data) for tp in args.tp}
-    print(f"\ntraining throughput, tokens/s (median of {args.steps} alternating steps after {args.warmup} warm-up; "
-          f"global batch {cfg.train.global_batch_size} x seq {cfg.model.seq_length}; data: "
-          f"{args.data or 'synthetic Zipf ids'})")
+    print(
+        f"\ntraining throughput, tokens/s (median of {args.steps} alternating steps after {args.warmup} warm-up; "
+        f"global batch {cfg.train.global_batch_size} x seq {cfg.model.seq_length}; data: "
+        f"{args.data or 'synthetic Zipf ids'})"
+    )
     print(f"{'':8} {'TIED':>10} {'LEV':>10} {'LEV/TIED':>9}")
     for tp, r in results.items():
         ratio = r["LEV"]["tokens_per_s"] / r["TIED"]["tokens_per_s"]
-        print(f"{'TP=' + str(tp):8} {r['TIED']['tokens_per_s']:>10,.0f} {r['LEV']['tokens_per_s']:>10,.0f} {ratio:>9.3f}"
-              f"  {'ok' if ratio >= 0.90 else 'below'} (target >= 0.90)")
+        print(
+            f"{'TP=' + str(tp):8} {r['TIED']['tokens_per_s']:>10,.0f} {r['LEV']['tokens_per_s']:>10,.0f} "
+            f"{ratio:>9.3f}"
+            f"  {'ok' if ratio >= 0.90 else 'below'} (target >= 0.90)"
+        )
     return 0
 
 

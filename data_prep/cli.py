@@ -1,12 +1,9 @@
-"""Shared command-line plumbing: one-line user errors, logging, atomic writes, checksums."""
+"""Shared command-line plumbing: one-line user errors, log lines (above a progress bar), run_main, and the
+human-readable sizes and counts those lines print. File helpers are in data_prep/fileio.py."""
+
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
-import time
-from pathlib import Path
 
 
 class UserError(Exception):
@@ -16,7 +13,6 @@ class UserError(Exception):
     """
 
 
-_T0 = time.monotonic()
 _PREFIX = "data_prep"
 
 
@@ -25,7 +21,7 @@ def set_log_prefix(prefix: str) -> None:
     _PREFIX = prefix
 
 
-_BAR = None          # an active tqdm bar: log lines are printed above it
+_BAR = None  # an active tqdm bar: log lines are printed above it
 
 
 def set_active_bar(bar) -> None:
@@ -52,26 +48,6 @@ def run_main(main, argv=None) -> int:
         print("error: interrupted", file=sys.stderr, flush=True)
         return 130
     return int(rc or 0)
-
-
-def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Write JSON to ``path`` via a temporary name and ``os.replace`` (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def human_bytes(n: float) -> str:

@@ -11,6 +11,7 @@ Writes OUT/corpus/ (make_corpus's, marked), OUT/tokenizer/tokenizer.{model,vocab
 OUT/data/{train,val}.{bin,idx,counts.npy,manifest.json}. Nothing else in OUT is touched, ``--force``
 included: it replaces these files, and deletes a corpus directory only if make_corpus marked it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from data_prep import make_corpus, tokenize_cli, train_tokenizer
 from data_prep.cli import UserError, human_bytes, run_main
+from data_prep.manifest import Manifest
 
 
 def _say(msg: str) -> None:
@@ -32,53 +35,68 @@ def _remove_empty_dir(d: Path) -> None:
         try:
             d.rmdir()
         except OSError:
-            raise UserError(f"{d} holds files the demo did not write: move them away (or use another --out)") \
-                from None
+            raise UserError(f"{d} holds files the demo did not write: move them away (or use another --out)") from None
 
 
 def step_corpus(out: Path, max_mb: float | None, force: bool = False) -> dict:
-    from data_prep import make_corpus
     corpus = out / "corpus"
-    paths = {"train": [str(corpus / "train" / "00.jsonl.zst")], "val": str(corpus / "val.jsonl.zst"),
-             "test": str(corpus / "test.jsonl.zst")}
+    paths = {
+        "train": [str(corpus / "train" / "00.jsonl.zst")],
+        "val": str(corpus / "val.jsonl.zst"),
+        "test": str(corpus / "test.jsonl.zst"),
+    }
     t = time.monotonic()
     if not force and all(os.path.exists(p) for p in (*paths["train"], paths["val"], paths["test"])):
         _say(f"1/3 corpus: reusing {corpus}")
         return paths
     tmp = out / "corpus.tmp"
-    for d in (tmp, corpus):                  # only make_corpus's own files, only in a dir it marked
+    for d in (tmp, corpus):  # only make_corpus's own files, only in a dir it marked
         make_corpus.clear_corpus(d)
         _remove_empty_dir(d)
-    make_corpus.build(tmp, sources=["github"], val_fraction=0.02, quiet=True,
-                      max_bytes=int(max_mb * 1e6) if max_mb else None)
+    make_corpus.build(
+        tmp, sources=["github"], val_fraction=0.02, quiet=True, max_bytes=int(max_mb * 1e6) if max_mb else None
+    )
     os.replace(tmp, corpus)
     sizes = {"train": os.path.getsize(paths["train"][0]), "val": os.path.getsize(paths["val"])}
-    _say(f"1/3 corpus: the standard library's .py files as Pile 'Github' documents -> {corpus}/ "
-         f"(train {human_bytes(sizes['train'])}, val {human_bytes(sizes['val'])} compressed) "
-         f"in {time.monotonic() - t:.1f} s")
+    _say(
+        f"1/3 corpus: the standard library's .py files as Pile 'Github' documents -> {corpus}/ "
+        f"(train {human_bytes(sizes['train'])}, val {human_bytes(sizes['val'])} compressed) "
+        f"in {time.monotonic() - t:.1f} s"
+    )
     return paths
 
 
 def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float, force: bool = False) -> str:
-    from data_prep import train_tokenizer
     model = out / "tokenizer" / "tokenizer.model"
     if model.exists() and not force:
         _say(f"2/3 tokenizer: reusing {model}")
         return str(model)
     t = time.monotonic()
-    train_tokenizer.main(["--input", *corpus["train"], "--vocab-size", str(vocab_size), "--sample-bytes",
-                          str(sample_mb), "--output", str(model.parent), "--overwrite"])
+    train_tokenizer.main(
+        [
+            "--input",
+            *corpus["train"],
+            "--vocab-size",
+            str(vocab_size),
+            "--sample-bytes",
+            str(sample_mb),
+            "--output",
+            str(model.parent),
+            "--overwrite",
+        ]
+    )
     meta = json.loads((model.parent / "tokenizer_meta.json").read_text())
-    _say(f"2/3 tokenizer: BPE, {meta['vocab_size']:,} pieces, EOD id {meta['eod_id']}, trained on "
-         f"{meta['sample']['documents']:,} documents ({human_bytes(meta['sample']['bytes'])}) -> {model} "
-         f"in {time.monotonic() - t:.1f} s")
+    _say(
+        f"2/3 tokenizer: BPE, {meta['vocab_size']:,} pieces, EOD id {meta['eod_id']}, trained on "
+        f"{meta['sample']['documents']:,} documents ({human_bytes(meta['sample']['bytes'])}) -> {model} "
+        f"in {time.monotonic() - t:.1f} s"
+    )
     return str(model)
 
 
 def step_shards(out: Path, corpus: dict, model: str, workers: int | None, force: bool = False) -> dict:
-    from data_prep import tokenize
     prefixes = {"train": str(out / "data" / "train"), "val": str(out / "data" / "val")}
-    for i, (split, prefix) in enumerate(prefixes.items()):
+    for split, prefix in prefixes.items():
         inputs = corpus["train"] if split == "train" else [corpus["val"]]
         if not force and os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".manifest.json"):
             _say(f"3/3 shards: reusing {prefix}.bin/.idx")
@@ -87,16 +105,25 @@ def step_shards(out: Path, corpus: dict, model: str, workers: int | None, force:
         args = ["--input", *inputs, "--tokenizer", model, "--output-prefix", prefix, "--overwrite"]
         if workers:
             args += ["--workers", str(workers)]
-        if tokenize.main(args) != 0:
+        if tokenize_cli.main(args) != 0:
             raise UserError(f"tokenizing {split} failed")
-        m = json.loads(Path(prefix + ".manifest.json").read_text())
-        _say(f"3/3 shards: {split}: {m['documents']:,} documents, {m['tokens']:,} tokens ({m['dtype']}) "
-             f"-> {prefix}.bin/.idx/.counts.npy/.manifest.json in {time.monotonic() - t:.1f} s")
+        m = Manifest.from_json(json.loads(Path(prefix + ".manifest.json").read_text()))
+        _say(
+            f"3/3 shards: {split}: {m.documents:,} documents, {m.tokens:,} tokens ({m.dtype}) "
+            f"-> {prefix}.bin/.idx/.counts.npy/.manifest.json in {time.monotonic() - t:.1f} s"
+        )
     return prefixes
 
 
-def run_demo(out, *, vocab_size: int = 8000, sample_mb: float = 8.0, max_mb: float | None = None,
-             workers: int | None = None, force: bool = False) -> dict:
+def run_demo(
+    out,
+    *,
+    vocab_size: int = 8000,
+    sample_mb: float = 8.0,
+    max_mb: float | None = None,
+    workers: int | None = None,
+    force: bool = False,
+) -> dict:
     """Run the data steps; returns ``{"out", "corpus", "tokenizer", "train_prefix", "val_prefix"}``.
     ``force`` redoes every step (replacing only the demo's own files; nothing else in ``out`` is deleted)."""
     out = Path(out)
@@ -105,26 +132,40 @@ def run_demo(out, *, vocab_size: int = 8000, sample_mb: float = 8.0, max_mb: flo
     corpus = step_corpus(out, max_mb, force)
     model = step_tokenizer(out, corpus, vocab_size, sample_mb, force)
     prefixes = step_shards(out, corpus, model, workers, force)
-    result = {"out": str(out), "corpus": corpus, "tokenizer": model, "train_prefix": prefixes["train"],
-              "val_prefix": prefixes["val"]}
-    _say(f"done in {time.monotonic() - t0:.1f} s: tokenizer {model}, train {prefixes['train']}, "
-         f"val {prefixes['val']}")
+    result = {
+        "out": str(out),
+        "corpus": corpus,
+        "tokenizer": model,
+        "train_prefix": prefixes["train"],
+        "val_prefix": prefixes["val"],
+    }
+    _say(f"done in {time.monotonic() - t0:.1f} s: tokenizer {model}, train {prefixes['train']}, val {prefixes['val']}")
     return result
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_prep.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--sample-mb", type=float, default=8.0, help="tokenizer training sample (MB)")
     ap.add_argument("--max-mb", type=float, help="cap the corpus at about this much text")
     ap.add_argument("--workers", type=int, help="tokenizer threads (default: usable cores)")
-    ap.add_argument("--force", action="store_true",
-                    help="redo every step, replacing the demo's own files (nothing else in OUT is deleted)")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="redo every step, replacing the demo's own files (nothing else in OUT is deleted)",
+    )
     args = ap.parse_args(argv)
-    run_demo(args.out, vocab_size=args.vocab_size, sample_mb=args.sample_mb, max_mb=args.max_mb,
-             workers=args.workers, force=args.force)
+    run_demo(
+        args.out,
+        vocab_size=args.vocab_size,
+        sample_mb=args.sample_mb,
+        max_mb=args.max_mb,
+        workers=args.workers,
+        force=args.force,
+    )
     return 0
 
 

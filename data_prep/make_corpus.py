@@ -17,6 +17,7 @@ for a given seed and machine. With the defaults the output is byte-identical to 
 tool's (~80 MB train split). --force replaces a corpus make_corpus wrote (only its own files: other
 files in OUT_DIR stay); a non-empty OUT_DIR without the marker is refused even with --force.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from data_prep.cli import UserError, run_main, write_json_atomic
+import zstandard
+
+from data_prep.cli import UserError, run_main
+from data_prep.fileio import write_json_atomic
 
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
@@ -55,8 +59,10 @@ def clear_corpus(out_dir) -> None:
     if not is_ours(out):
         if out.is_dir() and not any(out.iterdir()):
             return
-        raise UserError(f"{out} is not empty and was not written by data_prep.make_corpus (no {MARKER}): "
-                        "not deleting it; move it away or choose another output directory")
+        raise UserError(
+            f"{out} is not empty and was not written by data_prep.make_corpus (no {MARKER}): "
+            "not deleting it; move it away or choose another output directory"
+        )
     train = out / "train"
     for d, pattern in ((out, _OURS), (train, _OURS_TRAIN)):
         if d.is_dir():
@@ -107,11 +113,10 @@ def dictionary_docs(entries_per_doc=40):
     entries.append("\n".join(current).strip())
     entries = [e for e in entries if e and not e.startswith("00-database")]
     for i in range(0, len(entries), entries_per_doc):
-        yield "Dictionary", "\n\n".join(entries[i:i + entries_per_doc])
+        yield "Dictionary", "\n\n".join(entries[i : i + entries_per_doc])
 
 
 def write_jsonl_zst(path: Path, items) -> None:
-    import zstandard
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh, zstandard.ZstdCompressor(level=3).stream_writer(fh) as w:
         for source, text in items:
@@ -129,8 +134,9 @@ def summarize(items) -> str:
     return ", ".join(f"{k}: {v[0]} docs {v[1] / 1e6:.1f} MB" for k, v in sorted(counts.items()))
 
 
-def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, install=False,
-          quiet=False, max_bytes=None) -> dict:
+def build(
+    out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, install=False, quiet=False, max_bytes=None
+) -> dict:
     """Write the corpus; returns {"train": [paths], "val": path, "test": path}."""
     sources = tuple(sources)
     for s in sources:
@@ -141,8 +147,9 @@ def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, i
     for s in sources:
         if s in PACKAGES and not PACKAGES[s][1].exists():
             pkg, path = PACKAGES[s]
-            raise UserError(f"missing {path}: install the Debian package {pkg} (or pass --install, "
-                            f"or leave {s} out of --sources)")
+            raise UserError(
+                f"missing {path}: install the Debian package {pkg} (or pass --install, or leave {s} out of --sources)"
+            )
     if train_shards < 1:
         raise UserError("--train-shards must be >= 1")
     gens = {"github": github_docs, "pythondocs": python_docs, "dictionary": dictionary_docs}
@@ -159,16 +166,23 @@ def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, i
             total += len(d[1].encode("utf-8"))
         docs = kept
     n_val = max(1, int(len(docs) * val_fraction))
-    train = docs[2 * n_val:]
-    splits = {"val": docs[:n_val], "test": docs[n_val:2 * n_val]}
+    train = docs[2 * n_val :]
+    splits = {"val": docs[:n_val], "test": docs[n_val : 2 * n_val]}
     per = -(-len(train) // train_shards)
     for k in range(train_shards):
-        splits[f"train/{k:02d}"] = train[k * per:(k + 1) * per]
+        splits[f"train/{k:02d}"] = train[k * per : (k + 1) * per]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / MARKER, {"format": "leviathan-data-prep-corpus/1", "note": (   # before any data
-        "written by python -m data_prep.make_corpus; --force deletes only train/NN.jsonl.zst, "
-        "val.jsonl.zst, test.jsonl.zst and this file")})
+    write_json_atomic(
+        out / MARKER,
+        {
+            "format": "leviathan-data-prep-corpus/1",
+            "note": (  # before any data
+                "written by python -m data_prep.make_corpus; --force deletes only train/NN.jsonl.zst, "
+                "val.jsonl.zst, test.jsonl.zst and this file"
+            ),
+        },
+    )
     (out / "train").mkdir(exist_ok=True)
     result = {"train": [], "val": None, "test": None}
     for name, items in splits.items():
@@ -184,30 +198,47 @@ def build(out_dir, sources=SOURCES, val_fraction=0.01, seed=0, train_shards=1, i
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_prep.make_corpus", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.make_corpus",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("out_dir")
-    ap.add_argument("--sources", default=",".join(SOURCES),
-                    help="comma-separated subset of github,pythondocs,dictionary (default: all)")
+    ap.add_argument(
+        "--sources",
+        default=",".join(SOURCES),
+        help="comma-separated subset of github,pythondocs,dictionary (default: all)",
+    )
     ap.add_argument("--install", action="store_true", help="apt-get the Debian packages if missing")
     ap.add_argument("--val-fraction", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-shards", type=int, default=1, help="split train into this many files")
     ap.add_argument("--max-mb", type=float, help="stop after about this much text (after shuffling)")
-    ap.add_argument("--force", action="store_true",
-                    help="replace a corpus make_corpus wrote in OUT_DIR (deletes only its own files; an "
-                         "unmarked non-empty OUT_DIR is refused)")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a corpus make_corpus wrote in OUT_DIR (deletes only its own files; an "
+        "unmarked non-empty OUT_DIR is refused)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"output is not a directory: {out}")
     if out.exists() and any(out.iterdir()):
         if not args.force:
-            raise UserError(f"output directory is not empty: {out} (pass --force to replace the corpus "
-                            "make_corpus wrote there)")
+            raise UserError(
+                f"output directory is not empty: {out} (pass --force to replace the corpus make_corpus wrote there)"
+            )
         clear_corpus(out)
-    build(out, [s.strip() for s in args.sources.split(",") if s.strip()], args.val_fraction, args.seed,
-          args.train_shards, args.install, max_bytes=int(args.max_mb * 1e6) if args.max_mb else None)
+    build(
+        out,
+        [s.strip() for s in args.sources.split(",") if s.strip()],
+        args.val_fraction,
+        args.seed,
+        args.train_shards,
+        args.install,
+        max_bytes=int(args.max_mb * 1e6) if args.max_mb else None,
+    )
     return 0
 
 

@@ -14,6 +14,7 @@ returns int32 arrays without building Python ints. So:
 At most ``workers + 1`` batches are in flight plus ``workers + 1`` queued: memory is bounded by the
 batch size, not the corpus.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,10 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import sentencepiece as spm
 
+from data_prep.cli import UserError
+from data_prep.fileio import sha256_file
 from data_prep.shards import ShardWriter
 from data_prep.sources import NO_SET, FileReader
 
@@ -42,9 +46,6 @@ class Tokenizer:
     """A loaded SentencePiece model plus what the shards need to know about it."""
 
     def __init__(self, path: str):
-        import sentencepiece as spm
-
-        from data_prep.cli import UserError, sha256_file
         if not os.path.isfile(path):
             raise UserError(f"tokenizer model not found: {path}")
         self.path = path
@@ -57,8 +58,10 @@ class Tokenizer:
         self.vocab_size = int(self.sp.vocab_size())
         self.eod_id = int(self.sp.eos_id())
         if self.eod_id < 0:
-            raise UserError(f"{path}: the tokenizer has no EOS piece (eos_id=-1); data_prep appends EOS as "
-                            "the end-of-document token, so train it with an eos_id (train_tokenizer does)")
+            raise UserError(
+                f"{path}: the tokenizer has no EOS piece (eos_id=-1); data_prep appends EOS as "
+                "the end-of-document token, so train it with an eos_id (train_tokenizer does)"
+            )
 
     def chunk_safe(self) -> bool:
         """Whether cutting a document just after a newline and encoding the pieces separately gives
@@ -81,9 +84,16 @@ class Tokenizer:
 
     def describe(self) -> dict:
         sp = self.sp
-        return {"path": os.path.abspath(self.path), "sha256": self.sha256, "vocab_size": self.vocab_size,
-                "eod_id": self.eod_id, "eod_piece": sp.id_to_piece(self.eod_id),
-                "bos_id": int(sp.bos_id()), "unk_id": int(sp.unk_id()), "pad_id": int(sp.pad_id())}
+        return {
+            "path": os.path.abspath(self.path),
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eod_id": self.eod_id,
+            "eod_piece": sp.id_to_piece(self.eod_id),
+            "bos_id": int(sp.bos_id()),
+            "unk_id": int(sp.unk_id()),
+            "pad_id": int(sp.pad_id()),
+        }
 
     def encode(self, units: list) -> list:
         return self.sp.encode(units, out_type="numpy", add_eos=False, add_bos=False, num_threads=1)
@@ -102,13 +112,14 @@ def _reader_thread(reader: FileReader, q: queue.Queue, stop: threading.Event, ch
             except queue.Full:
                 if stop.is_set():
                     raise _Stop from None
+
     try:
         for batch in reader.batches(chunk_bytes):
             put(batch)
         put(None)
     except _Stop:
         pass
-    except BaseException as e:          # forwarded to the consumer, re-raised there
+    except BaseException as e:  # forwarded to the consumer, re-raised there
         try:
             put(e)
         except _Stop:
@@ -118,8 +129,17 @@ def _reader_thread(reader: FileReader, q: queue.Queue, stop: threading.Event, ch
 class FileTokenizer:
     """Tokenizes one file into ``out_dir/shard-<slug>.{bin,idx,counts.npy}`` (slug ``all`` unless split)."""
 
-    def __init__(self, tok: Tokenizer, dtype: np.dtype, *, workers: int, split_by_set: bool,
-                 reader_kwargs: dict, progress=None, chunk_bytes: int = 0):
+    def __init__(
+        self,
+        tok: Tokenizer,
+        dtype: np.dtype,
+        *,
+        workers: int,
+        split_by_set: bool,
+        reader_kwargs: dict,
+        progress=None,
+        chunk_bytes: int = 0,
+    ):
         self.tok = tok
         self.dtype = dtype
         self.workers = max(1, workers)
@@ -141,8 +161,9 @@ class FileTokenizer:
         self._open_len = 0
         q: queue.Queue = queue.Queue(maxsize=self.workers + 1)
         stop = threading.Event()
-        th = threading.Thread(target=_reader_thread, args=(reader, q, stop, self.chunk_bytes),
-                              name="data_prep-reader", daemon=True)
+        th = threading.Thread(
+            target=_reader_thread, args=(reader, q, stop, self.chunk_bytes), name="data_prep-reader", daemon=True
+        )
         th.start()
         try:
             with ThreadPoolExecutor(self.workers, thread_name_prefix="data_prep-encode") as ex:
@@ -178,14 +199,20 @@ class FileTokenizer:
         if self._no_tokens:
             st.skipped["no_tokens"] += self._no_tokens
         return {
-            "path": path, "bytes": st.bytes, "sha256": st.sha256, "records": st.records,
+            "path": path,
+            "bytes": st.bytes,
+            "sha256": st.sha256,
+            "records": st.records,
             "documents": sum(s["documents"] for s in self._set_stats.values()),
             "tokens": sum(s["tokens"] for s in self._set_stats.values()),
             "text_bytes": sum(s["text_bytes"] for s in self._set_stats.values()),
             "sets": self._set_stats,
-            "shards": {("" if k is None else k): v for k, v in shards.items()} if not self.split_by_set
+            "shards": {("" if k is None else k): v for k, v in shards.items()}
+            if not self.split_by_set
             else {(NO_SET if k is None else k): v for k, v in shards.items()},
-            "skipped": dict(st.skipped), "filtered_sets": dict(st.filtered), "skipped_examples": st.examples,
+            "skipped": dict(st.skipped),
+            "filtered_sets": dict(st.filtered),
+            "skipped_examples": st.examples,
             "u2581_docs": st.u2581_docs,
             "elapsed_s": round(time.monotonic() - t0, 3),
         }
@@ -197,11 +224,10 @@ class FileTokenizer:
             taken = {os.path.basename(x.prefix) for x in self._writers.values()}
             name = f"shard-{slug}"
             i = 1
-            while name in taken:                         # two set names with one slug
+            while name in taken:  # two set names with one slug
                 i += 1
                 name = f"shard-{slug}-{i}"
-            w = self._writers[key] = ShardWriter(os.path.join(self._out_dir, name), self.dtype,
-                                                 self.tok.vocab_size)
+            w = self._writers[key] = ShardWriter(os.path.join(self._out_dir, name), self.dtype, self.tok.vocab_size)
         return w
 
     def _write_pieces(self, batch, arrs) -> None:
@@ -219,15 +245,14 @@ class FileTokenizer:
         if not batch.last_piece:
             return
         length, self._open_len = self._open_len, 0
-        if length == 1:              # encoded to nothing: the EOD just written is the only token
-            raise RuntimeError("a long document encoded to no tokens")     # cannot happen: it has text
+        if length == 1:  # encoded to nothing: the EOD just written is the only token
+            raise RuntimeError("a long document encoded to no tokens")  # cannot happen: it has text
         w.end_document(length, batch.doc_bytes[0])
         self._count_set(name, 1, length, batch.doc_bytes[0])
 
     def _count_set(self, name, documents: int, tokens: int, text_bytes: int) -> None:
         """Add to the per-``pile_set_name`` totals of the manifest."""
-        s = self._set_stats.setdefault(NO_SET if name is None else name,
-                                       {"documents": 0, "tokens": 0, "text_bytes": 0})
+        s = self._set_stats.setdefault(NO_SET if name is None else name, {"documents": 0, "tokens": 0, "text_bytes": 0})
         s["documents"] += documents
         s["tokens"] += tokens
         s["text_bytes"] += text_bytes
@@ -239,7 +264,7 @@ class FileTokenizer:
             self._raw_seen = raw
 
     def _write(self, batch, fut) -> None:
-        arrs = fut.result()                               # one int32 array per unit, no EOD yet
+        arrs = fut.result()  # one int32 array per unit, no EOD yet
         if batch.last_piece is not None:
             self._write_pieces(batch, arrs)
             return
@@ -254,11 +279,11 @@ class FileTokenizer:
             doc_tok = np.add.reduceat(unit_len, first[:-1])
         doc_bytes = np.asarray(batch.doc_bytes, dtype=np.int64)
         sids = np.asarray(batch.set_ids, dtype=np.int64)
-        docs = np.flatnonzero(doc_tok > 0)                # 0: the text encoded to nothing
+        docs = np.flatnonzero(doc_tok > 0)  # 0: the text encoded to nothing
         self._no_tokens += len(doc_tok) - len(docs)
         if len(docs) == 0:
             return
-        lengths = (doc_tok[docs] + 1).astype(np.int32)    # + EOD
+        lengths = (doc_tok[docs] + 1).astype(np.int32)  # + EOD
         doc_bytes, sids = doc_bytes[docs], sids[docs]
         names = self._reader.set_names
         nsets = len(names)
@@ -270,7 +295,7 @@ class FileTokenizer:
 
         eod = self._eod
 
-        def flat(sel) -> np.ndarray:                      # documents ``sel`` (indices) + EOD each
+        def flat(sel) -> np.ndarray:  # documents ``sel`` (indices) + EOD each
             parts = []
             if first is None:
                 for d in sel:
@@ -278,7 +303,7 @@ class FileTokenizer:
                     parts.append(eod)
             else:
                 for d in sel:
-                    parts.extend(arrs[first[d]:first[d + 1]])
+                    parts.extend(arrs[first[d] : first[d + 1]])
                     parts.append(eod)
             return np.concatenate(parts)
 

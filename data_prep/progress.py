@@ -1,4 +1,5 @@
 """Progress: a tqdm bar (documents, tokens/s, MB/s) on a terminal, plain periodic log lines otherwise."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,15 @@ from data_prep.cli import human_bytes, human_count, log, set_active_bar
 
 
 class Progress:
-    def __init__(self, total_bytes: int | None = None, *, enabled: bool = True, interval: float = 30.0,
-                 label: str = "tokenize", force_plain: bool = False):
+    def __init__(
+        self,
+        total_bytes: int | None = None,
+        *,
+        enabled: bool = True,
+        interval: float = 30.0,
+        label: str = "tokenize",
+        force_plain: bool = False,
+    ):
         self.docs = 0
         self.tokens = 0
         self.bytes = 0
@@ -21,14 +29,24 @@ class Progress:
         self.enabled = enabled
         self._bar = None
         if enabled and not force_plain and sys.stderr.isatty():
+            # lazy: tqdm takes ~35 ms to import, and only a terminal shows a bar
             from tqdm import tqdm
+
             try:
                 cols = os.get_terminal_size(sys.stderr.fileno()).columns
             except OSError:
                 cols = 0
-            width = {"dynamic_ncols": True} if cols > 0 else {"ncols": 110, "nrows": 20}   # 0x0 pty
-            self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1000,
-                             desc=label, smoothing=0.1, file=sys.stderr, **width)
+            width = {"dynamic_ncols": True} if cols > 0 else {"ncols": 110, "nrows": 20}  # 0x0 pty
+            self._bar = tqdm(
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                desc=label,
+                smoothing=0.1,
+                file=sys.stderr,
+                **width,
+            )
             set_active_bar(self._bar)
 
     def rates(self) -> tuple[float, float]:
@@ -44,15 +62,18 @@ class Progress:
         tps, bps = self.rates()
         if self._bar is not None:
             self._bar.update(raw_bytes)
-            self._bar.set_postfix_str(f"{human_count(self.docs)} docs, {human_count(tps)} tok/s, "
-                                      f"{bps / 1e6:.2f} MB/s", refresh=False)
+            self._bar.set_postfix_str(
+                f"{human_count(self.docs)} docs, {human_count(tps)} tok/s, {bps / 1e6:.2f} MB/s", refresh=False
+            )
             return
         now = time.monotonic()
         if now - self._last >= self.interval:
             self._last = now
-            log(f"{self.label}: {self.docs:,} docs, {human_count(self.tokens)} tokens, "
+            log(
+                f"{self.label}: {self.docs:,} docs, {human_count(self.tokens)} tokens, "
                 f"{human_bytes(self.bytes)} text, {human_count(tps)} tok/s, {bps / 1e6:.2f} MB/s, "
-                f"{now - self.t0:.0f} s")
+                f"{now - self.t0:.0f} s"
+            )
 
     def close(self) -> None:
         if self._bar is not None:

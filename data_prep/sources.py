@@ -15,6 +15,7 @@ What counts as bad input, and what happens (the policy the README documents):
   silently shorter corpus; re-download the file or leave it out.
 * documents dropped by ``--include-sets`` / ``--exclude-sets`` are counted per set (``filtered_sets``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -30,10 +31,28 @@ from data_prep.cli import UserError, log
 
 # The 22 ``meta.pile_set_name`` values of The Pile (exact spellings, as in the released jsonl).
 PILE_SET_NAMES = (
-    "Pile-CC", "PubMed Central", "Books3", "OpenWebText2", "ArXiv", "Github", "FreeLaw",
-    "StackExchange", "USPTO Backgrounds", "PubMed Abstracts", "Gutenberg (PG-19)", "OpenSubtitles",
-    "Wikipedia (en)", "DM Mathematics", "Ubuntu IRC", "BookCorpus2", "EuroParl", "HackerNews",
-    "YoutubeSubtitles", "PhilPapers", "NIH ExPorter", "Enron Emails",
+    "Pile-CC",
+    "PubMed Central",
+    "Books3",
+    "OpenWebText2",
+    "ArXiv",
+    "Github",
+    "FreeLaw",
+    "StackExchange",
+    "USPTO Backgrounds",
+    "PubMed Abstracts",
+    "Gutenberg (PG-19)",
+    "OpenSubtitles",
+    "Wikipedia (en)",
+    "DM Mathematics",
+    "Ubuntu IRC",
+    "BookCorpus2",
+    "EuroParl",
+    "HackerNews",
+    "YoutubeSubtitles",
+    "PhilPapers",
+    "NIH ExPorter",
+    "Enron Emails",
 )
 
 # --preset NAME: named set filters. pile-uncopyrighted reproduces monology/pile-uncopyrighted, whose
@@ -45,9 +64,19 @@ PRESETS = {
     },
 }
 
-SKIP_REASONS = ("invalid_json", "invalid_utf8", "not_an_object", "missing_text_key", "text_not_a_string",
-                "empty_text", "whitespace_only", "blank_line", "record_too_long", "no_tokens")
-MAX_RECORD_BYTES = 512_000_000     # default bound on one line / record: far above any real document
+SKIP_REASONS = (
+    "invalid_json",
+    "invalid_utf8",
+    "not_an_object",
+    "missing_text_key",
+    "text_not_a_string",
+    "empty_text",
+    "whitespace_only",
+    "blank_line",
+    "record_too_long",
+    "no_tokens",
+)
+MAX_RECORD_BYTES = 512_000_000  # default bound on one line / record: far above any real document
 
 
 class _TooLong:
@@ -59,8 +88,8 @@ class _TooLong:
 
 TOO_LONG = _TooLong()
 EXAMPLES_PER_REASON = 5
-NO_SET = "(none)"            # set name reported for records without meta.pile_set_name
-U2581 = "\u2581".encode()   # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
+NO_SET = "(none)"  # set name reported for records without meta.pile_set_name
+U2581 = "\u2581".encode()  # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -110,8 +139,10 @@ class SetFilter:
         return name not in self.exclude
 
     def describe(self) -> dict:
-        return {"include_sets": sorted(self.include) if self.include is not None else None,
-                "exclude_sets": sorted(self.exclude)}
+        return {
+            "include_sets": sorted(self.include) if self.include is not None else None,
+            "exclude_sets": sorted(self.exclude),
+        }
 
 
 def make_set_filter(include=None, exclude=None, preset=None) -> SetFilter:
@@ -125,20 +156,22 @@ def make_set_filter(include=None, exclude=None, preset=None) -> SetFilter:
         raise UserError(f"sets both included and excluded: {', '.join(sorted(excl & incl))}")
     for name in sorted((incl or set()) | excl):
         if name not in PILE_SET_NAMES:
-            log(f"warning: {name!r} is not one of the Pile's 22 set names "
-                f"(exact spellings: {', '.join(PILE_SET_NAMES)})")
+            log(
+                f"warning: {name!r} is not one of the Pile's 22 set names "
+                f"(exact spellings: {', '.join(PILE_SET_NAMES)})"
+            )
     return SetFilter(frozenset(incl) if incl is not None else None, frozenset(excl))
 
 
 @dataclass
 class Batch:
-    units: list           # UTF-8 bytes to encode: whole documents, or consecutive pieces of one
-    pieces: list | None   # units per document (None: one unit each)
-    doc_bytes: list       # UTF-8 size of each document
-    set_ids: list         # index into FileReader.set_names, one per document
-    nbytes: int           # sum of doc_bytes (of the units, for a piece batch)
-    last_piece: bool | None = None   # None: whole documents; else a run of pieces of ONE long
-                                     # document (doc_bytes/set_ids hold it), True for its last run
+    units: list  # UTF-8 bytes to encode: whole documents, or consecutive pieces of one
+    pieces: list | None  # units per document (None: one unit each)
+    doc_bytes: list  # UTF-8 size of each document
+    set_ids: list  # index into FileReader.set_names, one per document
+    nbytes: int  # sum of doc_bytes (of the units, for a piece batch)
+    last_piece: bool | None = None  # None: whole documents; else a run of pieces of ONE long
+    # document (doc_bytes/set_ids hold it), True for its last run
 
 
 def split_after_newlines(doc: bytes, target: int) -> list:
@@ -148,7 +181,7 @@ def split_after_newlines(doc: bytes, target: int) -> list:
         cut = doc.find(b"\n", start + target)
         if cut < 0 or cut >= n - 1:
             break
-        pieces.append(doc[start:cut + 1])
+        pieces.append(doc[start : cut + 1])
         start = cut + 1
     pieces.append(doc[start:] if start else doc)
     return pieces
@@ -157,14 +190,14 @@ def split_after_newlines(doc: bytes, target: int) -> list:
 @dataclass
 class FileStats:
     path: str
-    bytes: int = 0                          # raw (possibly compressed) file size read
+    bytes: int = 0  # raw (possibly compressed) file size read
     sha256: str = ""
-    records: int = 0                        # lines (jsonl) or candidate documents (text)
-    documents: int = 0                      # documents handed to the tokenizer
+    records: int = 0  # lines (jsonl) or candidate documents (text)
+    documents: int = 0  # documents handed to the tokenizer
     skipped: Counter = field(default_factory=Counter)
     filtered: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
-    u2581_docs: int = 0                     # documents containing U+2581 (decodes as a space)
+    u2581_docs: int = 0  # documents containing U+2581 (decodes as a space)
 
 
 class FileReader:
@@ -176,10 +209,20 @@ class FileReader:
     a longer line (or text record) is skipped as ``record_too_long`` while it is read.
     """
 
-    def __init__(self, path: str, *, fmt: str = "auto", json_key: str = "text", text_unit: str = "file",
-                 set_filter: SetFilter | None = None, on_bad: str = "skip",
-                 batch_bytes: int = 4 << 20, max_batch_docs: int = 1 << 16, read_size: int = 1 << 20,
-                 max_record_bytes: int = MAX_RECORD_BYTES):
+    def __init__(
+        self,
+        path: str,
+        *,
+        fmt: str = "auto",
+        json_key: str = "text",
+        text_unit: str = "file",
+        set_filter: SetFilter | None = None,
+        on_bad: str = "skip",
+        batch_bytes: int = 4 << 20,
+        max_batch_docs: int = 1 << 16,
+        read_size: int = 1 << 20,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+    ):
         self.path = path
         self.fmt, self.compressed = input_format(path, fmt)
         if text_unit not in ("file", "line", "paragraph"):
@@ -222,27 +265,31 @@ class FileReader:
                             pending_frame = True
                             out.append(dobj.decompress(raw))
                             raw = b""
-                            if dobj.eof:                       # frame done; maybe another follows
+                            if dobj.eof:  # frame done; maybe another follows
                                 pending_frame = False
                                 raw = dobj.unused_data
                                 dobj = dctx.decompressobj()
                     except zstandard.ZstdError as e:
-                        raise UserError(f"{self.path}: corrupt zstd data after line {self.line} "
-                                        f"(compressed byte ~{self.stats.bytes}): {e}") from None
+                        raise UserError(
+                            f"{self.path}: corrupt zstd data after line {self.line} "
+                            f"(compressed byte ~{self.stats.bytes}): {e}"
+                        ) from None
                     data = b"".join(out)
                     if data:
                         yield data
                 if pending_frame:
-                    raise UserError(f"{self.path}: truncated zstd stream (file ends inside a frame after "
-                                    f"line {self.line}, {self.stats.bytes} compressed bytes); "
-                                    "re-download it or leave it out")
+                    raise UserError(
+                        f"{self.path}: truncated zstd stream (file ends inside a frame after "
+                        f"line {self.line}, {self.stats.bytes} compressed bytes); "
+                        "re-download it or leave it out"
+                    )
         self.stats.sha256 = h.hexdigest()
 
     def _lines(self):
         """Complete lines (without the trailing newline); the last line may lack one. A line longer
         than ``max_record_bytes`` is yielded as :data:`TOO_LONG`: its bytes are dropped as they come."""
         limit = self.max_record
-        pending, plen, dropping = [], 0, False       # the start of the current line; skipping one?
+        pending, plen, dropping = [], 0, False  # the start of the current line; skipping one?
         for data in self._chunks():
             last = data.rfind(b"\n")
             if last < 0:
@@ -262,13 +309,13 @@ class FileReader:
                 yield data[:first]
             pending, plen, dropping = [], 0, False
             if last > first:
-                if last - first <= limit:            # no line in between can be too long
-                    yield from data[first + 1:last].split(b"\n")
+                if last - first <= limit:  # no line in between can be too long
+                    yield from data[first + 1 : last].split(b"\n")
                 else:
-                    for line in data[first + 1:last].split(b"\n"):
+                    for line in data[first + 1 : last].split(b"\n"):
                         yield line if len(line) <= limit else TOO_LONG
             if last + 1 < len(data):
-                tail = data[last + 1:]
+                tail = data[last + 1 :]
                 if len(tail) > limit:
                     dropping = True
                 else:
@@ -290,8 +337,10 @@ class FileReader:
         if st.skipped[reason] <= EXAMPLES_PER_REASON:
             st.examples.append({"file": self.path, "line": self.line, "reason": reason, "detail": detail[:200]})
         if st.skipped[reason] == 1:
-            log(f"warning: {where}: skipped record ({reason}{': ' + detail[:120] if detail else ''}); "
-                "further ones are counted in the manifest")
+            log(
+                f"warning: {where}: skipped record ({reason}{': ' + detail[:120] if detail else ''}); "
+                "further ones are counted in the manifest"
+            )
 
     def _set_id(self, name) -> int:
         sid = self._set_index.get(name)
@@ -402,14 +451,14 @@ class FileReader:
     def _paragraphs(self):
         """Blank-line separated paragraphs; ``self.line`` is the first line of each. A paragraph longer
         than ``max_record_bytes`` is TOO_LONG (its lines are dropped as they come)."""
-        buf, size, start, n = [], -1, 0, 0            # size: bytes joined so far (-1: no paragraph)
+        buf, size, start, n = [], -1, 0, 0  # size: bytes joined so far (-1: no paragraph)
         for line in self._lines():
             n += 1
             if line is TOO_LONG or line.strip():
                 if size < 0:
                     start, size = n, 0
                 else:
-                    size += 1                          # the newline joining it to the previous line
+                    size += 1  # the newline joining it to the previous line
                 size += self.max_record + 1 if line is TOO_LONG else len(line)
                 if size <= self.max_record:
                     buf.append(line)

@@ -20,6 +20,7 @@ it, the error says how many pieces it supports; raise --sample-bytes. Measured o
 50k needs ~1 MB of text, 100k ~3 MB, 200k ~8-10 MB; the Pile is far more diverse, and 200k on a
 256 MB sample is fine. SentencePiece's BPE trainer uses ~12x the sample size in memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,31 +33,53 @@ import re
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep.cli import UserError, human_bytes, log, run_main, set_log_prefix, write_json_atomic
+import sentencepiece as spm
+
+from data_prep.cli import UserError, human_bytes, log, run_main, set_log_prefix
+from data_prep.fileio import write_bytes_atomic, write_json_atomic
+from data_prep.sources import NO_SET, PRESETS, FileReader, SetFilter, expand_inputs, make_set_filter
 
 FILES = ("tokenizer.model", "tokenizer.vocab", "tokenizer_meta.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from data_prep.sources import PRESETS
-    ap = argparse.ArgumentParser(prog="python -m data_prep.train_tokenizer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.train_tokenizer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="input files or globs")
     ap.add_argument("--vocab-size", type=int, required=True, help="exact vocabulary size, e.g. 50000")
     ap.add_argument("--output", required=True, metavar="DIR", help="output directory")
     ap.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"))
-    ap.add_argument("--sample-bytes", type=float, default=256.0, metavar="MB",
-                    help="text sampled for training, in MB (default 256)")
+    ap.add_argument(
+        "--sample-bytes", type=float, default=256.0, metavar="MB", help="text sampled for training, in MB (default 256)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    ap.add_argument("--max-doc-bytes", type=float, default=100.0, metavar="KB",
-                    help="longer documents contribute a random window of this size (default 100 KB)")
-    ap.add_argument("--max-line-bytes", type=int, default=4096,
-                    help="longer lines are cut into pieces of at most this many bytes (default 4096)")
-    ap.add_argument("--max-record-bytes", type=float, default=512.0, metavar="MB",
-                    help="skip (as record_too_long) an input jsonl line / text record longer than this, "
-                         "without holding it in memory (default 512 MB)")
+    ap.add_argument(
+        "--max-doc-bytes",
+        type=float,
+        default=100.0,
+        metavar="KB",
+        help="longer documents contribute a random window of this size (default 100 KB)",
+    )
+    ap.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=4096,
+        help="longer lines are cut into pieces of at most this many bytes (default 4096)",
+    )
+    ap.add_argument(
+        "--max-record-bytes",
+        type=float,
+        default=512.0,
+        metavar="MB",
+        help="skip (as record_too_long) an input jsonl line / text record longer than this, "
+        "without holding it in memory (default 512 MB)",
+    )
     ap.add_argument("--character-coverage", type=float, default=0.9999)
     ap.add_argument("--user-defined-symbols", default="", help="comma-separated extra pieces")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="trainer threads")
@@ -71,13 +94,59 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@dataclass
+class TokenizerTrainingOptions:
+    """What ``train`` needs; sizes in the command line's units (MB, KB), as given."""
+
+    input: list
+    vocab_size: int
+    output: str
+    model_type: str = "bpe"
+    sample_bytes: float = 256.0  # MB
+    seed: int = 0
+    max_doc_bytes: float = 100.0  # KB
+    max_line_bytes: int = 4096
+    max_record_bytes: float = 512.0  # MB
+    character_coverage: float = 0.9999
+    user_defined_symbols: str = ""
+    threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    json_key: str = "text"
+    format: str = "auto"
+    text_unit: str = "file"
+    include_sets: list | None = None
+    exclude_sets: list | None = None
+    preset: str | None = None
+    overwrite: bool = False
+    verbose: bool = False
+    argv: list | None = None  # the command line, for the meta file (default: sys.argv[1:])
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, argv=None) -> TokenizerTrainingOptions:
+        return cls(**vars(args), argv=list(argv) if argv is not None else sys.argv[1:])
+
+    def check(self) -> None:
+        if self.vocab_size < 300:
+            raise UserError(f"--vocab-size {self.vocab_size} is too small (byte fallback alone needs 256 + 3 pieces)")
+        if self.sample_bytes <= 0 or self.max_doc_bytes <= 0 or self.max_line_bytes < 16 or self.max_record_bytes <= 0:
+            raise UserError(
+                "--sample-bytes, --max-doc-bytes and --max-record-bytes must be > 0, --max-line-bytes >= 16"
+            )
+        model = Path(self.output) / "tokenizer.model"
+        if model.exists() and not self.overwrite:
+            raise UserError(f"output already exists: {model} (pass --overwrite to replace it)")
+
+    @property
+    def max_record(self) -> int:
+        return max(1, int(self.max_record_bytes * 1e6))
+
+
 class Reservoir:
     """Bottom-k (by seeded random key) sample of documents under a byte budget."""
 
     def __init__(self, budget: int, max_doc: int, seed: int):
         self.budget, self.max_doc = budget, max_doc
         self.rng = random.Random(seed)
-        self.heap: list = []            # (-key, order, doc bytes, set name)
+        self.heap: list = []  # (-key, order, doc bytes, set name)
         self.bytes = 0
         self.seen_docs = 0
         self.seen_bytes = 0
@@ -88,12 +157,12 @@ class Reservoir:
         key = self.rng.random()
         if len(doc) > self.max_doc:
             start = int(self.rng.random() * (len(doc) - self.max_doc))
-            doc = doc[start:start + self.max_doc]
+            doc = doc[start : start + self.max_doc]
             nl = doc.find(b"\n")
             if start and 0 <= nl < len(doc) - 1:
-                doc = doc[nl + 1:]
+                doc = doc[nl + 1 :]
         if self.heap and self.bytes + len(doc) > self.budget and -self.heap[0][0] < key:
-            return                       # would be evicted at once
+            return  # would be evicted at once
         heapq.heappush(self.heap, (-key, order, doc, name))
         self.bytes += len(doc)
         while self.bytes > self.budget and len(self.heap) > 1:
@@ -105,7 +174,7 @@ class Reservoir:
 
 
 def sentences(sample: list, max_line: int):
-    step = max(1, max_line // 4)                  # chars; <= max_line bytes in UTF-8
+    step = max(1, max_line // 4)  # chars; <= max_line bytes in UTF-8
     for _, doc, _ in sample:
         for line in doc.decode("utf-8", errors="ignore").split("\n"):
             if not line:
@@ -114,30 +183,39 @@ def sentences(sample: list, max_line: int):
                 yield line
             else:
                 for i in range(0, len(line), step):
-                    yield line[i:i + step]
+                    yield line[i : i + step]
 
 
-def train(args) -> dict:
-    import sentencepiece as spm
+@dataclass
+class Sample:
+    """The documents drawn for training and where they came from."""
 
-    from data_prep.sources import NO_SET, FileReader, expand_inputs, make_set_filter
+    reservoir: Reservoir
+    docs: list  # (order, document bytes, set name), in input order
+    inputs: list  # per input file: path, bytes, sha256, records, documents, skips
+    skipped: Counter
+    set_filter: SetFilter
+    sha256: str = ""  # of the sample: length-prefixed documents, in order
+    sets: dict = field(default_factory=dict)  # documents per set
+    seconds: float = 0.0  # reading and sampling
 
+
+def draw_sample(opts: TokenizerTrainingOptions) -> Sample:
+    """One pass over the inputs into the seeded reservoir; UserError if nothing usable is left."""
     t0 = time.monotonic()
-    if args.vocab_size < 300:
-        raise UserError(f"--vocab-size {args.vocab_size} is too small (byte fallback alone needs 256 + 3 pieces)")
-    if args.sample_bytes <= 0 or args.max_doc_bytes <= 0 or args.max_line_bytes < 16 or args.max_record_bytes <= 0:
-        raise UserError("--sample-bytes, --max-doc-bytes and --max-record-bytes must be > 0, --max-line-bytes >= 16")
-    max_record = max(1, int(args.max_record_bytes * 1e6))
-    out = Path(args.output)
-    if (out / "tokenizer.model").exists() and not args.overwrite:
-        raise UserError(f"output already exists: {out / 'tokenizer.model'} (pass --overwrite to replace it)")
-    inputs = expand_inputs(args.input)
-    sf = make_set_filter(args.include_sets, args.exclude_sets, args.preset)
-    res = Reservoir(int(args.sample_bytes * 1e6), int(args.max_doc_bytes * 1e3), args.seed)
+    inputs = expand_inputs(opts.input)
+    sf = make_set_filter(opts.include_sets, opts.exclude_sets, opts.preset)
+    res = Reservoir(int(opts.sample_bytes * 1e6), int(opts.max_doc_bytes * 1e3), opts.seed)
     in_meta, skipped = [], Counter()
     for fi, path in enumerate(inputs):
-        r = FileReader(path, fmt=args.format, json_key=args.json_key, text_unit=args.text_unit, set_filter=sf,
-                       max_record_bytes=max_record)
+        r = FileReader(
+            path,
+            fmt=opts.format,
+            json_key=opts.json_key,
+            text_unit=opts.text_unit,
+            set_filter=sf,
+            max_record_bytes=opts.max_record,
+        )
         seq = 0
         for batch in r.batches():
             for doc, sid in zip(batch.units, batch.set_ids):
@@ -145,90 +223,168 @@ def train(args) -> dict:
                 seq += 1
         st = r.stats
         skipped.update(st.skipped)
-        in_meta.append({"path": os.path.abspath(path), "bytes": st.bytes, "sha256": st.sha256,
-                        "records": st.records, "documents": st.documents, "skipped": dict(st.skipped),
-                        "filtered_sets": dict(st.filtered)})
+        in_meta.append(
+            {
+                "path": os.path.abspath(path),
+                "bytes": st.bytes,
+                "sha256": st.sha256,
+                "records": st.records,
+                "documents": st.documents,
+                "skipped": dict(st.skipped),
+                "filtered_sets": dict(st.filtered),
+            }
+        )
         log(f"read {path}: {st.documents:,} docs (sample so far {human_bytes(res.bytes)})")
-    sample = res.sample()
-    if not sample:
+    sample = Sample(res, res.sample(), in_meta, skipped, sf)
+    if not sample.docs:
         raise UserError("no usable documents in the inputs (all skipped or filtered)")
     h = hashlib.sha256()
     sets: Counter = Counter()
-    for _, doc, name in sample:
+    for _, doc, name in sample.docs:
         h.update(len(doc).to_bytes(8, "little"))
         h.update(doc)
         sets[NO_SET if name is None else name] += 1
-    t_read = time.monotonic() - t0
-    log(f"sampled {len(sample):,} of {res.seen_docs:,} docs, {human_bytes(res.bytes)} of "
-        f"{human_bytes(res.seen_bytes)}; training {args.model_type} vocab {args.vocab_size:,}")
+    sample.sha256, sample.sets = h.hexdigest(), dict(sorted(sets.items()))
+    sample.seconds = time.monotonic() - t0
+    return sample
 
+
+def trainer_settings(opts: TokenizerTrainingOptions) -> dict:
+    """SentencePieceTrainer settings (see the module docstring)."""
     settings = dict(
-        model_type=args.model_type, vocab_size=args.vocab_size, byte_fallback=True, split_digits=True,
-        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
-        allow_whitespace_only_pieces=True, split_by_whitespace=True,
-        character_coverage=args.character_coverage, max_sentence_length=args.max_line_bytes,
-        input_sentence_size=0, shuffle_input_sentence=False, num_threads=max(1, args.threads),
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=True,
+        model_type=opts.model_type,
+        vocab_size=opts.vocab_size,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True,
+        split_by_whitespace=True,
+        character_coverage=opts.character_coverage,
+        max_sentence_length=opts.max_line_bytes,
+        input_sentence_size=0,
+        shuffle_input_sentence=False,
+        num_threads=max(1, opts.threads),
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        hard_vocab_limit=True,
     )
-    if args.user_defined_symbols:
-        settings["user_defined_symbols"] = [s for s in args.user_defined_symbols.split(",") if s]
+    if opts.user_defined_symbols:
+        settings["user_defined_symbols"] = [s for s in opts.user_defined_symbols.split(",") if s]
+    return settings
+
+
+def train_model(sample: Sample, settings: dict, opts: TokenizerTrainingOptions) -> bytes:
+    """The serialized model; a SentencePiece failure (e.g. a vocabulary too large for the sample) is a UserError."""
     model = io.BytesIO()
-    t1 = time.monotonic()
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=sentences(sample, args.max_line_bytes),
-                                       model_writer=model, minloglevel=0 if args.verbose else 2, **settings)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(sample.docs, opts.max_line_bytes),
+            model_writer=model,
+            minloglevel=0 if opts.verbose else 2,
+            **settings,
+        )
     except RuntimeError as e:
         msg = str(e)
         m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg)
         if m:
-            raise UserError(f"--vocab-size {args.vocab_size} is too large for this sample: SentencePiece can "
-                            f"build at most {int(m.group(2)):,} pieces from {human_bytes(res.bytes)} of text; "
-                            "raise --sample-bytes (or lower --vocab-size)") from None
+            raise UserError(
+                f"--vocab-size {opts.vocab_size} is too large for this sample: SentencePiece can "
+                f"build at most {int(m.group(2)):,} pieces from {human_bytes(sample.reservoir.bytes)} "
+                "of text; raise --sample-bytes (or lower --vocab-size)"
+            ) from None
         raise UserError(f"SentencePiece training failed: {msg.splitlines()[-1][:300]}") from None
-    t_train = time.monotonic() - t1
-    proto = model.getvalue()
-    sp = spm.SentencePieceProcessor(model_proto=proto)
-    if sp.vocab_size() != args.vocab_size:
-        raise UserError(f"SentencePiece produced {sp.vocab_size()} pieces instead of {args.vocab_size}")
+    return model.getvalue()
 
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {
+
+def tokenizer_meta(
+    opts: TokenizerTrainingOptions,
+    sample: Sample,
+    settings: dict,
+    proto: bytes,
+    sp: spm.SentencePieceProcessor,
+    t_train: float,
+) -> dict:
+    """tokenizer_meta.json: settings, versions and the sample's provenance."""
+    res = sample.reservoir
+    return {
         "format": "leviathan-tokenizer-meta/1",
-        "command": ["python", "-m", "data_prep.train_tokenizer", *getattr(args, "argv", sys.argv[1:])],
+        "command": [
+            "python",
+            "-m",
+            "data_prep.train_tokenizer",
+            *(opts.argv if opts.argv is not None else sys.argv[1:]),
+        ],
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model_sha256": hashlib.sha256(proto).hexdigest(),
         "sentencepiece_version": spm.__version__,
-        "vocab_size": sp.vocab_size(), "eod_id": sp.eos_id(), "eod_piece": sp.id_to_piece(sp.eos_id()),
+        "vocab_size": sp.vocab_size(),
+        "eod_id": sp.eos_id(),
+        "eod_piece": sp.id_to_piece(sp.eos_id()),
         "trainer_settings": settings,
         "sample": {
-            "seed": args.seed, "budget_bytes": res.budget, "max_doc_bytes": res.max_doc,
-            "max_line_bytes": args.max_line_bytes, "max_record_bytes": max_record, "documents_seen": res.seen_docs,
-            "bytes_seen": res.seen_bytes, "documents": len(sample), "bytes": res.bytes,
-            "sha256": h.hexdigest(), "sets": dict(sorted(sets.items())), "skipped": dict(skipped),
-            "filter": sf.describe(), "preset": args.preset,
+            "seed": opts.seed,
+            "budget_bytes": res.budget,
+            "max_doc_bytes": res.max_doc,
+            "max_line_bytes": opts.max_line_bytes,
+            "max_record_bytes": opts.max_record,
+            "documents_seen": res.seen_docs,
+            "bytes_seen": res.seen_bytes,
+            "documents": len(sample.docs),
+            "bytes": res.bytes,
+            "sha256": sample.sha256,
+            "sets": sample.sets,
+            "skipped": dict(sample.skipped),
+            "filter": sample.set_filter.describe(),
+            "preset": opts.preset,
         },
-        "inputs": in_meta,
-        "elapsed_s": {"read_and_sample": round(t_read, 2), "train": round(t_train, 2)},
+        "inputs": sample.inputs,
+        "elapsed_s": {"read_and_sample": round(sample.seconds, 2), "train": round(t_train, 2)},
     }
+
+
+def write_tokenizer(out: Path, proto: bytes, sp: spm.SentencePieceProcessor, meta: dict) -> None:
+    """meta, vocab, then the model: a tokenizer.model present means the three are complete."""
+    out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "tokenizer_meta.json", meta)
-    vocab_tmp = out / f"tokenizer.vocab.tmp{os.getpid()}"
-    with open(vocab_tmp, "w", encoding="utf-8") as f:
-        for i in range(sp.vocab_size()):
-            f.write(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n")
-    os.replace(vocab_tmp, out / "tokenizer.vocab")
-    model_tmp = out / f"tokenizer.model.tmp{os.getpid()}"
-    model_tmp.write_bytes(proto)
-    os.replace(model_tmp, out / "tokenizer.model")          # last: its presence means complete
-    log(f"wrote {out / 'tokenizer.model'} ({args.model_type}, {sp.vocab_size():,} pieces, eos/EOD id "
-        f"{sp.eos_id()}) in {time.monotonic() - t0:.1f} s (sampling {t_read:.1f} s, training {t_train:.1f} s)")
+    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
+    write_bytes_atomic(out / "tokenizer.vocab", vocab.encode("utf-8"))
+    write_bytes_atomic(out / "tokenizer.model", proto)
+
+
+def train(opts: TokenizerTrainingOptions) -> dict:
+    """Sample, train, write DIR/tokenizer.{model,vocab} and tokenizer_meta.json; returns the meta."""
+    t0 = time.monotonic()
+    opts.check()
+    sample = draw_sample(opts)
+    res = sample.reservoir
+    log(
+        f"sampled {len(sample.docs):,} of {res.seen_docs:,} docs, {human_bytes(res.bytes)} of "
+        f"{human_bytes(res.seen_bytes)}; training {opts.model_type} vocab {opts.vocab_size:,}"
+    )
+    settings = trainer_settings(opts)
+    t1 = time.monotonic()
+    proto = train_model(sample, settings, opts)
+    t_train = time.monotonic() - t1
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    if sp.vocab_size() != opts.vocab_size:
+        raise UserError(f"SentencePiece produced {sp.vocab_size()} pieces instead of {opts.vocab_size}")
+    meta = tokenizer_meta(opts, sample, settings, proto, sp, t_train)
+    out = Path(opts.output)
+    write_tokenizer(out, proto, sp, meta)
+    log(
+        f"wrote {out / 'tokenizer.model'} ({opts.model_type}, {sp.vocab_size():,} pieces, eos/EOD id "
+        f"{sp.eos_id()}) in {time.monotonic() - t0:.1f} s (sampling {sample.seconds:.1f} s, training {t_train:.1f} s)"
+    )
     return meta
 
 
 def main(argv=None) -> int:
     set_log_prefix("data_prep.train_tokenizer")
-    args = build_parser().parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
-    train(args)
+    train(TokenizerTrainingOptions.from_args(build_parser().parse_args(argv), argv))
     return 0
 
 

@@ -11,21 +11,19 @@ Each rank is ``python <args>`` with the usual rank variables (``RANK``, ``WORLD_
 - Exit code: 0 if every rank succeeded; else the first failing rank's code (a rank killed by signal S
   gives 128 + S, as a shell reports it). 75 from the trainer means "stopped with a checkpoint, re-run".
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root, for the import below
+from leviathan_pretrain.ports import free_port  # noqa: E402 (torch-free: the launcher starts in milliseconds)
 
 
 def exit_code(rc: int) -> int:
@@ -40,12 +38,18 @@ class Launcher:
 
     def env(self, rank: int) -> dict:
         e = dict(os.environ)
-        e.update(RANK=str(rank), WORLD_SIZE=str(self.nprocs), LOCAL_RANK=str(rank),
-                 LOCAL_WORLD_SIZE=str(self.nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+        e.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(self.nprocs),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(self.nprocs),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.port),
+        )
         if "OMP_NUM_THREADS" not in os.environ:
             e["OMP_NUM_THREADS"] = str(self.threads or max(1, (os.cpu_count() or 1) // self.nprocs))
         for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
-            e.pop(k, None)   # we are the launcher now: no outer launcher's rank may leak into discovery
+            e.pop(k, None)  # we are the launcher now: no outer launcher's rank may leak into discovery
         return e
 
     def forward(self, signum, frame=None) -> None:
@@ -81,16 +85,21 @@ class Launcher:
             signal.signal(s, self.forward)
         try:
             for rank in range(self.nprocs):
-                self.procs.append(subprocess.Popen([sys.executable, *self.args], env=self.env(rank),
-                                                   start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen([sys.executable, *self.args], env=self.env(rank), start_new_session=True)
+                )
             first_fail, fail_time = None, None
             while any(p.poll() is None for p in self.procs):
                 for rank, p in enumerate(self.procs):
                     rc = p.poll()
                     if rc not in (None, 0) and first_fail is None:
                         first_fail, fail_time = rank, time.monotonic()
-                        print(f"[launcher] rank {rank} exited with code {exit_code(rc)}; stopping the others "
-                              f"within {self.grace:.0f} s", file=sys.stderr, flush=True)
+                        print(
+                            f"[launcher] rank {rank} exited with code {exit_code(rc)}; stopping the others "
+                            f"within {self.grace:.0f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 if first_fail is not None and time.monotonic() - fail_time > self.grace:
                     self.kill_all()
                     break
@@ -105,15 +114,25 @@ class Launcher:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python launchers/local.py", description=__doc__.split("\n")[0],
+        prog="python launchers/local.py",
+        description=__doc__.split("\n")[0],
         epilog="example: python launchers/local.py -n 2 -- -m leviathan_pretrain.train "
-               "--config configs/tiny-cpu-lev.yaml parallel.tensor_parallel=2")
+        "--config configs/tiny-cpu-lev.yaml parallel.tensor_parallel=2",
+    )
     ap.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
     ap.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
-    ap.add_argument("--grace", type=float, default=30.0,
-                    help="seconds the other ranks get after one fails, before they are killed (default 30)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="OMP_NUM_THREADS per rank when not set in the environment (default: cores / n)")
+    ap.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds the other ranks get after one fails, before they are killed (default 30)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS per rank when not set in the environment (default: cores / n)",
+    )
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments to python, e.g. -m module ...")
     ns = ap.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args

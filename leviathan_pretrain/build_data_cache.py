@@ -16,6 +16,7 @@ New files are built in a private staging folder inside the cache dir and renamed
 ever visible half-written under its final name; nothing this command did not create is deleted or
 overwritten. Exit codes: 0 done, 2 bad config or data (the message names the key or file).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,19 @@ exit codes: 0 cache complete; 2 bad config or data (the message names the key or
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.build_data_cache",
-                                 description=__doc__.split("\n")[0], epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.build_data_cache",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--config", help="the training YAML config (may name a 'base:' file it extends)")
-    ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="the training command's dotted overrides, e.g. train.steps=100000")
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="the training command's dotted overrides, e.g. train.steps=100000",
+    )
     ap.add_argument("--report", metavar="FILE", help="also write what was done (steps, files, peak RSS) as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every index file")
     return ap.parse_args(argv)
@@ -54,8 +62,10 @@ def command_for(cfg) -> str:
     """The ``build_data_cache`` command for this run: this process's own ``--config`` and overrides when it
     was started as ``leviathan_pretrain.train``, else the resolved config the trainer writes."""
     import shlex
+
     if Path(sys.argv[0]).name == "train.py" and Path(sys.argv[0]).parent.name == "leviathan_pretrain":
         from leviathan_pretrain.train import parse_args
+
         try:
             a = parse_args(sys.argv[1:])
             args = (["--config", a.config] if a.config else []) + list(a.overrides)
@@ -110,6 +120,7 @@ class Meter:
 def one_process_group():
     """A 1-process gloo group (file store: no port) for megatron-core's blends, unless one exists already."""
     import torch.distributed as dist
+
     if dist.is_initialized():
         yield
         return
@@ -125,6 +136,7 @@ def one_process_group():
 def _npy_intact(path: Path) -> bool:
     """The ``.npy`` header is readable and the file holds all the data it announces."""
     import numpy as np
+
     try:
         np.load(path, mmap_mode="r", allow_pickle=True)
         return True
@@ -137,7 +149,8 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
     loads them. An index set (``HASH-Class-split-*``) is linked only when all its files are there and intact:
     megatron rebuilds a set with any file missing, writing every file of it, and must never write through a
     link into the real cache. Returns the names of damaged files (an earlier build killed mid-write)."""
-    from leviathan_pretrain.trainer.data import BLENDED_FILES, GPT_FILES
+    from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES
+
     sets: dict[str, dict[str, Path]] = {}
     for f in cdir.iterdir():
         parts = f.name.split("-", 3)
@@ -158,68 +171,93 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
 def build_cache(cfg, config_label: str = "", log=print) -> dict:
     """Checks, index build and stamp for ``cfg``; returns a report (steps with seconds and memory, files)."""
     from leviathan_pretrain.trainer import data as D
+    from leviathan_pretrain.trainer import data_cache as C
+
     m = Meter()
     with m.step("import megatron-core"):
         import megatron.core.datasets.blended_megatron_dataset_builder  # noqa: F401  (import cost, reported)
     with m.step("shard checks (data_summary)"):
         summary = D.data_summary(cfg)
     eod = summary["eod_id"]
-    cdir = D.cache_dir(cfg)
+    cdir = C.cache_dir(cfg)
     for p, s in summary["shards"].items():
-        log(f"  shard {p}: {s['documents']:,} documents, {s['tokens']:,} tokens, max token id "
-            f"{s['max_token_id']} (from {s['max_id_source'] or 'nowhere: no counts.npy, not scanned'})")
-    was_complete, why = D.cache_status(cfg, eod)
-    log(f"  cache {cdir}: " + ("complete (stamp matches); loading it to check" if was_complete
-                               else f"to build ({why})"))
+        log(
+            f"  shard {p}: {s['documents']:,} documents, {s['tokens']:,} tokens, max token id "
+            f"{s['max_token_id']} (from {s['max_id_source'] or 'nowhere: no counts.npy, not scanned'})"
+        )
+    was_complete, why = C.cache_status(cfg, eod)
+    log(
+        f"  cache {cdir}: " + ("complete (stamp matches); loading it to check" if was_complete else f"to build ({why})")
+    )
 
     cdir.mkdir(parents=True, exist_ok=True)
     for old in cdir.glob(".leviathan-build-*"):
-        log(f"  note: {old} is the staging folder of a build_data_cache that did not finish (killed?); "
-            "nothing reads it, delete it when no build_data_cache runs")
+        log(
+            f"  note: {old} is the staging folder of a build_data_cache that did not finish (killed?); "
+            "nothing reads it, delete it when no build_data_cache runs"
+        )
     stage = Path(tempfile.mkdtemp(prefix=".leviathan-build-", dir=cdir))
     try:
         damaged = _stage_existing(cdir, stage)
         with m.step("index build or load (megatron-core)"), one_process_group():
             splits = D.build_splits(cfg, eod, True, path_to_cache=str(stage))
-        names = D.index_files(splits)
+        names = C.index_files(splits)
         new = [n for n in names if (stage / n).is_file() and not (stage / n).is_symlink()]
         clash = [n for n in new if n in damaged]
         if clash:
-            raise D.ShardError(f"data cache {cdir}: {cdir / clash[0]} already exists but is damaged (truncated: an "
-                               "earlier build was probably killed while writing it); this command never deletes "
-                               "files it did not create: delete it and run again")
+            raise D.ShardError(
+                f"data cache {cdir}: {cdir / clash[0]} already exists but is damaged (truncated: an "
+                "earlier build was probably killed while writing it); this command never deletes "
+                "files it did not create: delete it and run again"
+            )
         with m.step("rename into place + stamp"):
             # the .npy files first, each index set's description.txt last: megatron counts a set as cached
             # only when all its files exist
             for n in sorted(new, key=lambda n: n.endswith("description.txt")):
-                if not (cdir / n).exists():        # else another builder just made it (same content): keep theirs
+                if not (cdir / n).exists():  # else another builder just made it (same content): keep theirs
                     os.replace(stage / n, cdir / n)
-            stamp = D.write_stamp(cfg, eod, names, "build_data_cache")
-        described = [{"split": split, "class": type(ds).__name__, "samples": len(ds)}
-                     for split, ds in zip(("train", "valid", "test"), splits) if ds is not None]
+            stamp = C.write_stamp(cfg, eod, names, "build_data_cache")
+        described = [
+            {"split": split, "class": type(ds).__name__, "samples": len(ds)}
+            for split, ds in zip(("train", "valid", "test"), splits)
+            if ds is not None
+        ]
         del splits
     finally:
-        shutil.rmtree(stage, ignore_errors=True)      # our staging folder: symlinks and leftovers of ours only
+        shutil.rmtree(stage, ignore_errors=True)  # our staging folder: symlinks and leftovers of ours only
     files = {n: {"bytes": (cdir / n).stat().st_size, "built": n in new} for n in names}
-    return {"config": config_label, "cache_dir": str(cdir), "stamp": str(stamp), "was_complete": was_complete,
-            "steps_s": m.seconds, "steps_memory": m.memory, "datasets": described, "files": files,
-            "peak_rss_mib": m.peak(), "shards": summary["shards"]}
+    return {
+        "config": config_label,
+        "cache_dir": str(cdir),
+        "stamp": str(stamp),
+        "was_complete": was_complete,
+        "steps_s": m.seconds,
+        "steps_memory": m.memory,
+        "datasets": described,
+        "files": files,
+        "peak_rss_mib": m.peak(),
+        "shards": summary["shards"],
+    }
 
 
 def print_report(rep: dict, log=print, verbose: bool = False) -> None:
     for d in rep["datasets"]:
         log(f"  {d['split']:5s} {d['class']}: {d['samples']:,} samples")
     built = {n: f for n, f in rep["files"].items() if f["built"]}
-    log(f"  index files: {len(built)} built, {len(rep['files']) - len(built)} reused, "
-        f"{sum(f['bytes'] for f in rep['files'].values()) / 2**20:,.1f} MiB in all")
+    log(
+        f"  index files: {len(built)} built, {len(rep['files']) - len(built)} reused, "
+        f"{sum(f['bytes'] for f in rep['files'].values()) / 2**20:,.1f} MiB in all"
+    )
     groups: dict[tuple, list] = {}
-    for n, f in rep["files"].items():          # HASH-Class-split-what
+    for n, f in rep["files"].items():  # HASH-Class-split-what
         _, kind, split, what = n.split("-", 3)
         groups.setdefault((split, kind, what), []).append(f)
     for (split, kind, what), fs in groups.items():
         if verbose or not what.endswith(".txt"):
-            log(f"    {split:5s} {kind:14s} {what:26s} x{len(fs):<3d} {sum(f['bytes'] for f in fs) / 2**20:10.2f} MiB"
-                f"  ({sum(f['built'] for f in fs)} built)")
+            log(
+                f"    {split:5s} {kind:14s} {what:26s} x{len(fs):<3d} {sum(f['bytes'] for f in fs) / 2**20:10.2f} MiB"
+                f"  ({sum(f['built'] for f in fs)} built)"
+            )
     if verbose:
         for n, f in rep["files"].items():
             log(f"    {'built ' if f['built'] else 'reused'} {f['bytes'] / 2**20:10.2f} MiB  {n}")
@@ -234,26 +272,32 @@ def print_report(rep: dict, log=print, verbose: bool = False) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from leviathan_pretrain.config import ConfigError, load_config_or_report
+
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
         return 2
     import warnings
+
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     from leviathan_pretrain.trainer.data import ShardError
+
     t0 = time.perf_counter()
     print(f"[build_data_cache] config {args.config} {' '.join(args.overrides)}".rstrip(), flush=True)
     try:
-        rep = build_cache(cfg, f"{args.config} {' '.join(args.overrides)}".strip(),
-                          log=lambda m: print(m, flush=True))
+        rep = build_cache(cfg, f"{args.config} {' '.join(args.overrides)}".strip(), log=lambda m: print(m, flush=True))
     except (ConfigError, ShardError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rep["wall_s"] = time.perf_counter() - t0
     print_report(rep, verbose=args.verbose)
-    print(f"[build_data_cache] done in {rep['wall_s']:.1f} s: the trainer will say \"using the prebuilt data "
-          f"index cache {rep['cache_dir']}\"", flush=True)
+    print(
+        f'[build_data_cache] done in {rep["wall_s"]:.1f} s: the trainer will say "using the prebuilt data '
+        f'index cache {rep["cache_dir"]}"',
+        flush=True,
+    )
     if args.report:
-        from leviathan_pretrain.trainer.data import atomic_write_text
+        from leviathan_pretrain.trainer.data_cache import atomic_write_text
+
         atomic_write_text(Path(args.report), json.dumps(rep, indent=1))
     return 0
 

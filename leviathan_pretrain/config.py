@@ -4,6 +4,7 @@
 with a :class:`ConfigError` naming the dotted key. Field defaults follow the LEV spec
 (``shared/notes/lev-spec.md``) and LLaMA-style GPT conventions.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,29 +19,30 @@ VARIANTS = ("lev", "tied", "untied", "albert", "flat_mlp", "factored_mlp")
 @dataclass
 class LEVConfig:
     """LEV input layer hyper-parameters (spec defaults)."""
-    digits: int = 3                # k: number of base-b digits of the token id
-    base: int | None = None        # b; None -> ceil(V ** (1/k))
-    seed_dim: int = 128            # d_seed
-    heads: int = 8                 # h
-    knots: int = 16                # kappa (uniform knots on [0, 1])
-    rank: int = 64                 # r
-    sigmoid_scale: float = 0.5     # u = sigmoid(scale * LN(W z))
+
+    digits: int = 3  # k: number of base-b digits of the token id
+    base: int | None = None  # b; None -> ceil(V ** (1/k))
+    seed_dim: int = 128  # d_seed
+    heads: int = 8  # h
+    knots: int = 16  # kappa (uniform knots on [0, 1])
+    rank: int = 64  # r
+    sigmoid_scale: float = 0.5  # u = sigmoid(scale * LN(W z))
     layernorm_eps: float = 1e-5
-    log_eps: float = 1e-9          # M = sign * exp(sum log(|phi| + log_eps))
-    init_std: float = 0.02         # codebooks C and head projections W_l
-    spline_init_std: float = 0.1   # S = 1 + N(0, spline_init_std^2)
+    log_eps: float = 1e-9  # M = sign * exp(sum log(|phi| + log_eps))
+    init_std: float = 0.02  # codebooks C and head projections W_l
+    spline_init_std: float = 0.1  # S = 1 + N(0, spline_init_std^2)
     out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
     token_chunk: int | None = None  # unique ids per chunk of the [ids, heads, d_seed, r] work; None -> auto
     chunk_elements: int = 4_194_304  # auto chunk: elements per [ids, heads/tp, d_seed, r] work block (16 MiB fp32)
-    recompute: bool = True         # recompute chunk intermediates in backward instead of storing them
+    recompute: bool = True  # recompute chunk intermediates in backward instead of storing them
 
     def resolved_base(self, vocab_size: int) -> int:
         if self.base is not None:
             return self.base
         b = max(2, math.ceil(vocab_size ** (1.0 / self.digits)))
-        while (b - 1) ** self.digits >= vocab_size and b > 2:   # float-rounding guard
+        while (b - 1) ** self.digits >= vocab_size and b > 2:  # float-rounding guard
             b -= 1
-        while b ** self.digits < vocab_size:
+        while b**self.digits < vocab_size:
             b += 1
         return b
 
@@ -50,33 +52,38 @@ class LEVConfig:
         for name in ("seed_dim", "heads", "rank", "chunk_elements"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
-        require(self.token_chunk is None or self.token_chunk >= 1, f"{prefix}.token_chunk",
-                f"must be >= 1 or null (auto), got {self.token_chunk}")
-        require(self.knots >= 3, f"{prefix}.knots",
-                f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}")
+        require(
+            self.token_chunk is None or self.token_chunk >= 1,
+            f"{prefix}.token_chunk",
+            f"must be >= 1 or null (auto), got {self.token_chunk}",
+        )
+        require(
+            self.knots >= 3, f"{prefix}.knots", f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}"
+        )
         require(self.log_eps > 0, f"{prefix}.log_eps", "must be > 0")
 
 
 @dataclass
 class ModelConfig:
     """A LLaMA-style decoder-only GPT; ``variant`` picks the input representation."""
+
     variant: str = "lev"
     vocab_size: int = 32000
     hidden_size: int = 1024
     num_layers: int = 24
     num_attention_heads: int = 16
-    num_query_groups: int | None = None    # GQA groups; None -> multi-head attention
-    ffn_hidden_size: int | None = None     # None -> LLaMA rule: 8/3 * hidden, rounded up to 256
+    num_query_groups: int | None = None  # GQA groups; None -> multi-head attention
+    ffn_hidden_size: int | None = None  # None -> LLaMA rule: 8/3 * hidden, rounded up to 256
     seq_length: int = 2048
     norm_epsilon: float = 1e-5
     rotary_base: float = 10000.0
     init_method_std: float = 0.02
     make_vocab_size_divisible_by: int = 128
-    attention_backend: str = "auto"        # auto | sdpa (CPU-safe) | megatron (default mcore, GPU)
+    attention_backend: str = "auto"  # auto | sdpa (CPU-safe) | megatron (default mcore, GPU)
     lev: LEVConfig = field(default_factory=LEVConfig)
-    albert_dim: int | None = None          # e; None -> matched to LEV's input parameter count
-    mlp_hidden: int | None = None          # hidden width of flat_mlp / factored_mlp; None -> matched
-    flat_mlp_dim: int | None = None        # flat_mlp's per-token table width e; None -> matched
+    albert_dim: int | None = None  # e; None -> matched to LEV's input parameter count
+    mlp_hidden: int | None = None  # hidden width of flat_mlp / factored_mlp; None -> matched
+    flat_mlp_dim: int | None = None  # flat_mlp's per-token table width e; None -> matched
 
     def resolved_ffn_hidden_size(self) -> int:
         if self.ffn_hidden_size is not None:
@@ -84,41 +91,67 @@ class ModelConfig:
         return int(math.ceil(8 * self.hidden_size / 3 / 256) * 256)
 
     def validate(self, prefix: str) -> None:
-        require(self.variant in VARIANTS, f"{prefix}.variant",
-                f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        require(
+            self.variant in VARIANTS,
+            f"{prefix}.variant",
+            f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}",
+        )
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
-        require(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
-                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
+        require(
+            self.hidden_size % self.num_attention_heads == 0,
+            f"{prefix}.hidden_size",
+            f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}",
+        )
         if self.num_query_groups is not None:
-            require(self.num_attention_heads % self.num_query_groups == 0, f"{prefix}.num_query_groups",
-                    f"num_attention_heads={self.num_attention_heads} is not divisible by {self.num_query_groups}")
-        require(self.attention_backend in ("auto", "sdpa", "megatron"), f"{prefix}.attention_backend",
-                f"must be auto, sdpa or megatron, got {self.attention_backend!r}")
+            require(
+                self.num_attention_heads % self.num_query_groups == 0,
+                f"{prefix}.num_query_groups",
+                f"num_attention_heads={self.num_attention_heads} is not divisible by {self.num_query_groups}",
+            )
+        require(
+            self.attention_backend in ("auto", "sdpa", "megatron"),
+            f"{prefix}.attention_backend",
+            f"must be auto, sdpa or megatron, got {self.attention_backend!r}",
+        )
         if self.variant in ("lev", "factored_mlp"):
             b = self.lev.resolved_base(self.vocab_size)
-            require(b ** self.lev.digits >= self.vocab_size, f"{prefix}.lev.base",
-                    f"b**k = {b}**{self.lev.digits} = {b ** self.lev.digits} < vocab_size {self.vocab_size}; "
-                    "raise lev.base or lev.digits")
+            require(
+                b**self.lev.digits >= self.vocab_size,
+                f"{prefix}.lev.base",
+                f"b**k = {b}**{self.lev.digits} = {b**self.lev.digits} < vocab_size {self.vocab_size}; "
+                "raise lev.base or lev.digits",
+            )
 
     def validate_with(self, parallel: "ParallelConfig", data: "DataConfig", prefix: str = "model") -> None:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
         tp = parallel.tensor_parallel
         if self.variant in ("flat_mlp", "factored_mlp"):
             from leviathan_pretrain.model import sizes
+
             hidden = sizes.flat_mlp_dims(self)[1] if self.variant == "flat_mlp" else sizes.factored_mlp_hidden(self)
-            require(hidden % tp == 0, f"{prefix}.mlp_hidden",
-                    f"the {self.variant} hidden width {hidden} is not divisible by parallel.tensor_parallel={tp}")
+            require(
+                hidden % tp == 0,
+                f"{prefix}.mlp_hidden",
+                f"the {self.variant} hidden width {hidden} is not divisible by parallel.tensor_parallel={tp}",
+            )
         if data.tokenizer:
             n = tokenizer_vocab_size(data.tokenizer)
-            require(n <= self.vocab_size, f"{prefix}.vocab_size",
-                    f"{self.vocab_size} is smaller than the vocabulary of data.tokenizer={data.tokenizer} ({n} "
-                    f"pieces); set {prefix}.vocab_size={n}")
+            require(
+                n <= self.vocab_size,
+                f"{prefix}.vocab_size",
+                f"{self.vocab_size} is smaller than the vocabulary of data.tokenizer={data.tokenizer} ({n} "
+                f"pieces); set {prefix}.vocab_size={n}",
+            )
             if n < self.vocab_size:
                 import warnings
-                warnings.warn(f"{prefix}.vocab_size={self.vocab_size} is larger than data.tokenizer's {n} pieces; "
-                              "the extra ids are never seen (set them equal unless that is intended)", stacklevel=2)
+
+                warnings.warn(
+                    f"{prefix}.vocab_size={self.vocab_size} is larger than data.tokenizer's {n} pieces; "
+                    "the extra ids are never seen (set them equal unless that is intended)",
+                    stacklevel=2,
+                )
 
 
 def tokenizer_vocab_size(path: str) -> int:
@@ -126,6 +159,7 @@ def tokenizer_vocab_size(path: str) -> int:
     if not Path(path).is_file():
         raise ConfigError(f"data.tokenizer: {path} does not exist")
     import sentencepiece as spm
+
     try:
         return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
     except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
@@ -136,37 +170,42 @@ def tokenizer_vocab_size(path: str) -> int:
 class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    pipeline_engine: bool = False          # use DeepSpeed's pipeline engine even at pipeline_parallel=1
-    sequence_parallel: bool = False        # refused at load: not implemented end to end (see validate)
+    pipeline_engine: bool = False  # use DeepSpeed's pipeline engine even at pipeline_parallel=1
+    sequence_parallel: bool = False  # refused at load: not implemented end to end (see validate)
     zero_stage: int = 1
-    backend: str = "auto"                  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
-    precision: str = "fp32"                # fp32 | bf16 | fp16
-    device: str = "auto"                   # auto | cpu | cuda
+    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    device: str = "auto"  # auto | cpu | cuda
     # True: megatron-core's layers draw their full master weights on the CPU and keep their slice (TP = N
     # starts from exactly the TP = 1 weights; every rank then builds whole V x D tables on the CPU: slow,
     # GBs of RAM at V = 200k). False: on the GPU, per TP shard (megatron's default). CPU runs always do the former.
     init_on_cpu: bool = False
-    timeout_minutes: float = 10.0          # TP/PP/DP collectives of the training steps: a hung rank fails the job
-    init_timeout_minutes: float = 60.0     # the world group: start-up (data checks, index build), checkpoint barriers
+    timeout_minutes: float = 10.0  # TP/PP/DP collectives of the training steps: a hung rank fails the job
+    init_timeout_minutes: float = 60.0  # the world group: start-up (data checks, index build), checkpoint barriers
 
     def validate(self, prefix: str) -> None:
         require(self.tensor_parallel >= 1, f"{prefix}.tensor_parallel", "must be >= 1")
         require(self.pipeline_parallel >= 1, f"{prefix}.pipeline_parallel", "must be >= 1")
         require(self.zero_stage in (0, 1, 2, 3), f"{prefix}.zero_stage", f"must be 0-3, got {self.zero_stage}")
-        require(not ((self.pipeline_parallel > 1 or self.pipeline_engine) and self.zero_stage > 1),
-                f"{prefix}.zero_stage",
-                f"DeepSpeed's pipeline engine supports ZeRO stage <= 1; got zero_stage={self.zero_stage} "
-                f"with pipeline_parallel={self.pipeline_parallel}")
+        require(
+            not ((self.pipeline_parallel > 1 or self.pipeline_engine) and self.zero_stage > 1),
+            f"{prefix}.zero_stage",
+            f"DeepSpeed's pipeline engine supports ZeRO stage <= 1; got zero_stage={self.zero_stage} "
+            f"with pipeline_parallel={self.pipeline_parallel}",
+        )
         require(self.backend in ("auto", "nccl", "gloo"), f"{prefix}.backend", f"unknown {self.backend!r}")
         require(self.precision in ("fp32", "bf16", "fp16"), f"{prefix}.precision", f"unknown {self.precision!r}")
         require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", f"unknown {self.device!r}")
         require(self.timeout_minutes > 0, f"{prefix}.timeout_minutes", "must be > 0")
         require(self.init_timeout_minutes > 0, f"{prefix}.init_timeout_minutes", "must be > 0")
-        require(not self.sequence_parallel, f"{prefix}.sequence_parallel",
-                "not supported yet: megatron-core's WrappedTorchNorm refuses sequence parallelism (it needs "
-                "Apex or Transformer Engine norms) and DeepSpeed does not all-reduce the sequence-parallel norm "
-                "gradients over the tensor-parallel group (megatron's finalize_model_grads is never called), so "
-                "the norms would train wrongly; set it to false")
+        require(
+            not self.sequence_parallel,
+            f"{prefix}.sequence_parallel",
+            "not supported yet: megatron-core's WrappedTorchNorm refuses sequence parallelism (it needs "
+            "Apex or Transformer Engine norms) and DeepSpeed does not all-reduce the sequence-parallel norm "
+            "gradients over the tensor-parallel group (megatron's finalize_model_grads is never called), so "
+            "the norms would train wrongly; set it to false",
+        )
 
     @property
     def uses_pipeline_engine(self) -> bool:
@@ -184,57 +223,68 @@ def split_weights(split: str) -> list[float]:
 @dataclass
 class DataConfig:
     """Training data: megatron-core ``.bin/.idx`` shard prefixes, blended by weight, split by document."""
+
     prefixes: list[str] = field(default_factory=list)  # megatron-core .bin/.idx prefixes
-    weights: list[float] | None = None                  # blend weights, one per prefix (None: by size)
-    split: str = "969,30,1"                              # train,valid,test document split of every prefix
-    valid_prefixes: list[str] | None = None              # a separate held-out set (then split's valid part is unused)
-    tokenizer: str | None = None                         # tokenizer.model (checksum in checkpoints, vocab check)
-    cache_dir: str | None = None                         # megatron-core index cache; None -> <train.out_dir>/data_cache
-    seed: int = 1234                                     # shuffling seed of the sample order
-    eod_id: int | None = None                            # end-of-document id; None -> from the manifest, else 0
-    eod_mask_loss: bool = False                          # no loss on predicting the token after an EOD
-    require_prebuilt_cache: bool = False                 # fail at start (exit 2) unless build_data_cache built the
-                                                         # index cache (else rank 0 builds it while others wait)
+    weights: list[float] | None = None  # blend weights, one per prefix (None: by size)
+    split: str = "969,30,1"  # train,valid,test document split of every prefix
+    valid_prefixes: list[str] | None = None  # a separate held-out set (then split's valid part is unused)
+    tokenizer: str | None = None  # tokenizer.model (checksum in checkpoints, vocab check)
+    cache_dir: str | None = None  # megatron-core index cache; None -> <train.out_dir>/data_cache
+    seed: int = 1234  # shuffling seed of the sample order
+    eod_id: int | None = None  # end-of-document id; None -> from the manifest, else 0
+    eod_mask_loss: bool = False  # no loss on predicting the token after an EOD
+    require_prebuilt_cache: bool = False  # fail at start (exit 2) unless build_data_cache built the
+    # index cache (else rank 0 builds it while others wait)
 
     def validate(self, prefix: str) -> None:
         if self.weights is not None:
-            require(len(self.weights) == len(self.prefixes), f"{prefix}.weights",
-                    f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
-            require(all(w >= 0 for w in self.weights) and sum(self.weights) > 0, f"{prefix}.weights",
-                    "must be non-negative with a positive sum")
+            require(
+                len(self.weights) == len(self.prefixes),
+                f"{prefix}.weights",
+                f"{len(self.weights)} weights for {len(self.prefixes)} prefixes",
+            )
+            require(
+                all(w >= 0 for w in self.weights) and sum(self.weights) > 0,
+                f"{prefix}.weights",
+                "must be non-negative with a positive sum",
+            )
         try:
             split_weights(self.split)
         except ValueError:
-            raise ConfigError(f"{prefix}.split: expected three non-negative numbers like 969,30,1, "
-                              f"got {self.split!r}") from None
+            raise ConfigError(
+                f"{prefix}.split: expected three non-negative numbers like 969,30,1, got {self.split!r}"
+            ) from None
 
 
 @dataclass
 class OptimConfig:
     """AdamW, linear warmup then cosine (or linear/constant) decay to ``min_lr``, gradient clipping."""
+
     lr: float = 3e-4
     min_lr: float = 3e-5
     warmup_steps: int = 100
-    decay_steps: int | None = None         # steps of warmup + decay; None -> train.steps
-    decay_style: str = "cosine"            # cosine | linear | constant
+    decay_steps: int | None = None  # steps of warmup + decay; None -> train.steps
+    decay_style: str = "cosine"  # cosine | linear | constant
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    weight_decay: float = 0.1              # never on norms and biases
-    decay_lev_codebooks: bool = False      # weight decay on LEV's digit codebooks C
-    clip_grad: float = 1.0                 # global gradient-norm clip; 0 disables
-    loss_scale: float = 0.0                # fp16 only: 0 = dynamic loss scaling, else a static scale
-    initial_loss_scale_power: int = 16     # fp16 dynamic scaling starts at 2**this
+    weight_decay: float = 0.1  # never on norms and biases
+    decay_lev_codebooks: bool = False  # weight decay on LEV's digit codebooks C
+    clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
+    loss_scale: float = 0.0  # fp16 only: 0 = dynamic loss scaling, else a static scale
+    initial_loss_scale_power: int = 16  # fp16 dynamic scaling starts at 2**this
 
     def validate(self, prefix: str) -> None:
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")
         require(0 <= self.min_lr <= self.lr, f"{prefix}.min_lr", "must be in [0, lr]")
         require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
         require(self.decay_steps is None or self.decay_steps >= 1, f"{prefix}.decay_steps", "must be >= 1")
-        require(self.decay_style in ("cosine", "linear", "constant"), f"{prefix}.decay_style",
-                f"must be cosine, linear or constant, got {self.decay_style!r}")
-        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{prefix}.beta1",
-                "beta1 and beta2 must be in [0, 1)")
+        require(
+            self.decay_style in ("cosine", "linear", "constant"),
+            f"{prefix}.decay_style",
+            f"must be cosine, linear or constant, got {self.decay_style!r}",
+        )
+        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{prefix}.beta1", "beta1 and beta2 must be in [0, 1)")
         require(self.eps > 0, f"{prefix}.eps", "must be > 0")
         require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0")
         require(self.clip_grad >= 0, f"{prefix}.clip_grad", "must be >= 0 (0 disables clipping)")
@@ -243,40 +293,42 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000                      # optimizer steps of the whole run (the LR schedule's length)
-    micro_batch_size: int = 4              # sequences per rank per forward/backward
-    global_batch_size: int = 8             # sequences per optimizer step; accumulation = global / (micro x DP)
+    steps: int = 1000  # optimizer steps of the whole run (the LR schedule's length)
+    micro_batch_size: int = 4  # sequences per rank per forward/backward
+    global_batch_size: int = 8  # sequences per optimizer step; accumulation = global / (micro x DP)
     seed: int = 1234
-    eval_interval: int = 200               # validation every N steps (and at the end); 0 disables
-    eval_iters: int = 10                   # global batches of the held-out split per validation
-    max_bad_steps: int = 5                 # consecutive NaN/Inf steps before stopping
-    out_dir: str = "runs/default"          # checkpoints/, tensorboard/, train_log.jsonl below this
-    exit_at_step: int | None = None        # stop after this step with a checkpoint (exit 75); resume continues
+    eval_interval: int = 200  # validation every N steps (and at the end); 0 disables
+    eval_iters: int = 10  # global batches of the held-out split per validation
+    max_bad_steps: int = 5  # consecutive NaN/Inf steps before stopping
+    out_dir: str = "runs/default"  # checkpoints/, tensorboard/, train_log.jsonl below this
+    exit_at_step: int | None = None  # stop after this step with a checkpoint (exit 75); resume continues
     exit_after_minutes: float | None = None  # same, once this much wall time has passed (job time limits)
-    # TEST-ONLY fault injection (never set these in a real run): the loss of these steps is made NaN
-    # (on rank inject_nan_rank only, or on every rank when None), exercising the non-finite-step path.
-    inject_nan_steps: list[int] = field(default_factory=list)
-    inject_nan_rank: int | None = None
 
     def validate(self, prefix: str) -> None:
         for name in ("steps", "micro_batch_size", "global_batch_size", "eval_iters", "max_bad_steps"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
         require(self.eval_interval >= 0, f"{prefix}.eval_interval", "must be >= 0 (0 disables validation)")
-        require(self.global_batch_size % self.micro_batch_size == 0, f"{prefix}.global_batch_size",
-                f"{self.global_batch_size} is not a multiple of train.micro_batch_size={self.micro_batch_size}")
+        require(
+            self.global_batch_size % self.micro_batch_size == 0,
+            f"{prefix}.global_batch_size",
+            f"{self.global_batch_size} is not a multiple of train.micro_batch_size={self.micro_batch_size}",
+        )
         require(self.exit_at_step is None or self.exit_at_step >= 1, f"{prefix}.exit_at_step", "must be >= 1")
-        require(self.exit_after_minutes is None or self.exit_after_minutes > 0, f"{prefix}.exit_after_minutes",
-                "must be > 0")
+        require(
+            self.exit_after_minutes is None or self.exit_after_minutes > 0,
+            f"{prefix}.exit_after_minutes",
+            "must be > 0",
+        )
         require(bool(self.out_dir), f"{prefix}.out_dir", "must not be empty")
 
 
 @dataclass
 class CheckpointConfig:
-    save_interval: int = 500               # a DeepSpeed checkpoint every N steps, and always at the end
-    keep_last: int = 3                     # complete checkpoints kept (older ones are deleted)
-    resume: bool = True                    # continue from <dir>/latest when it exists
-    dir: str | None = None                 # None -> <train.out_dir>/checkpoints
+    save_interval: int = 500  # a DeepSpeed checkpoint every N steps, and always at the end
+    keep_last: int = 3  # complete checkpoints kept (older ones are deleted)
+    resume: bool = True  # continue from <dir>/latest when it exists
+    dir: str | None = None  # None -> <train.out_dir>/checkpoints
     # resume at another data-parallel size (a requeue on fewer/more nodes): ZeRO 1-3 via DeepSpeed's universal
     # checkpoint, converted once into <tag>/universal (exact); false: refuse a DP change. TP/PP changes: refused.
     reshard: bool = True
@@ -288,9 +340,9 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    log_interval: int = 10                 # console line + full TensorBoard scalars every N steps
+    log_interval: int = 10  # console line + full TensorBoard scalars every N steps
     tensorboard: bool = True
-    tensorboard_dir: str | None = None     # None -> <train.out_dir>/tensorboard
+    tensorboard_dir: str | None = None  # None -> <train.out_dir>/tensorboard
     # Peak FLOP/s per device for MFU; None: from the GPU's name and parallel.precision (a known datasheet
     # figure, see trainer/metrics.py), and no MFU where it is unknown (every CPU: its peak is not knowable
     # reliably from software, so an MFU there could mean anything).
@@ -314,18 +366,29 @@ class Config:
     def validate(self, prefix: str = "") -> None:
         m, p = self.model, self.parallel
         tp = p.tensor_parallel
-        require(m.num_attention_heads % tp == 0, "parallel.tensor_parallel",
-                f"tensor_parallel={tp} does not divide model.num_attention_heads={m.num_attention_heads}")
+        require(
+            m.num_attention_heads % tp == 0,
+            "parallel.tensor_parallel",
+            f"tensor_parallel={tp} does not divide model.num_attention_heads={m.num_attention_heads}",
+        )
         groups = m.num_query_groups or m.num_attention_heads
-        require(groups % tp == 0, "parallel.tensor_parallel",
-                f"tensor_parallel={tp} does not divide model.num_query_groups={groups}")
+        require(
+            groups % tp == 0,
+            "parallel.tensor_parallel",
+            f"tensor_parallel={tp} does not divide model.num_query_groups={groups}",
+        )
         if m.variant == "lev":
-            require(m.lev.heads % tp == 0, "parallel.tensor_parallel",
-                    f"tensor_parallel={tp} does not divide model.lev.heads={m.lev.heads}")
+            require(
+                m.lev.heads % tp == 0,
+                "parallel.tensor_parallel",
+                f"tensor_parallel={tp} does not divide model.lev.heads={m.lev.heads}",
+            )
         m.validate_with(p, self.data)
-        require(m.num_layers % p.pipeline_parallel == 0 or m.num_layers >= p.pipeline_parallel,
-                "parallel.pipeline_parallel",
-                f"pipeline_parallel={p.pipeline_parallel} exceeds model.num_layers={m.num_layers}")
+        require(
+            m.num_layers % p.pipeline_parallel == 0 or m.num_layers >= p.pipeline_parallel,
+            "parallel.pipeline_parallel",
+            f"pipeline_parallel={p.pipeline_parallel} exceeds model.num_layers={m.num_layers}",
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
@@ -337,6 +400,7 @@ def load_config_or_report(path: str | Path | None, overrides: list[str] | tuple 
     """For command-line entry points: :func:`load_config`, or print its one-line ``error: ...`` to stderr and
     return None (the caller exits 2)."""
     import sys
+
     try:
         return load_config(path, overrides)
     except ConfigError as e:

@@ -8,6 +8,7 @@ Generic machinery only (no project fields): :mod:`leviathan_pretrain.config` dec
   checks every key and type against the dataclasses, and calls each dataclass's ``validate()``.
 - Every error is a :class:`ConfigError` that names the file and the dotted key.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -156,7 +157,8 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(
             f"unknown config key(s) {', '.join(where + u for u in unknown)}; "
-            f"valid keys here: {', '.join(sorted(fields))}")
+            f"valid keys here: {', '.join(sorted(fields))}"
+        )
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)

@@ -10,6 +10,7 @@
 Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--fresh``
 starts the training over. Exit code: the trainer's (0 done; 75 stopped early with a checkpoint: re-run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,20 +21,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_MARK = ".leviathan-demo-run"     # the training directory the demo created (the only one --fresh deletes)
+DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --fresh deletes)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.demo", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="extra key=value overrides go to the trainer, e.g. train.steps=60")
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.demo",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="extra key=value overrides go to the trainer, e.g. train.steps=60",
+    )
     ap.add_argument("--out", default="runs/demo", help="demo directory (default runs/demo)")
     ap.add_argument("--config", default=str(REPO / "configs/tiny-cpu-lev.yaml"), help="training config")
     ap.add_argument("--nprocs", type=int, default=2, help="local ranks (default 2, all tensor-parallel)")
     ap.add_argument("--steps", type=int, default=120, help="training steps (default 120: a few minutes on 2 cores)")
     ap.add_argument("--data-prefix", default=None, help="use this shard instead of running data_prep.demo")
-    ap.add_argument("--fresh", action="store_true",
-                    help="delete the previous demo training run first (only a directory the demo created)")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the previous demo training run first (only a directory the demo created)",
+    )
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -45,33 +52,64 @@ def main(argv=None) -> int:
     else:
         print(f"[demo] data: data_prep.demo.run_demo({str(out)!r})", flush=True)
         from data_prep.demo import run_demo
+
         data = run_demo(out)
         prefix, valid, tokenizer = data["train_prefix"], data["val_prefix"], data["tokenizer"]
         from leviathan_pretrain.config import tokenizer_vocab_size
+
         vocab = tokenizer_vocab_size(tokenizer)
-    print(f"[demo] training data: {prefix}" + (f", validation {valid}" if valid else "")
-          + (f" (tokenizer {tokenizer}, {vocab} pieces)" if tokenizer else ""), flush=True)
+    print(
+        f"[demo] training data: {prefix}"
+        + (f", validation {valid}" if valid else "")
+        + (f" (tokenizer {tokenizer}, {vocab} pieces)" if tokenizer else ""),
+        flush=True,
+    )
 
     if args.fresh and run_dir.exists():
-        if not (run_dir / DEMO_MARK).is_file():        # never delete a directory the demo did not create
-            print(f"error: --fresh: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
-                  "or use another --out", file=sys.stderr)
+        if not (run_dir / DEMO_MARK).is_file():  # never delete a directory the demo did not create
+            print(
+                f"error: --fresh: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
+                "or use another --out",
+                file=sys.stderr,
+            )
             return 2
         shutil.rmtree(run_dir)
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
-        (run_dir / DEMO_MARK).write_text("created by python -m leviathan_pretrain.demo; --fresh deletes this directory\n")
-    overrides = [f"data.prefixes=[{prefix}]", f"train.out_dir={run_dir}", f"train.steps={args.steps}",
-                 f"parallel.tensor_parallel={args.nprocs}", "train.eval_interval=50", "train.eval_iters=4",
-                 "checkpoint.save_interval=50", "logging.log_interval=10"]
+        (run_dir / DEMO_MARK).write_text(
+            "created by python -m leviathan_pretrain.demo; --fresh deletes this directory\n"
+        )
+    overrides = [
+        f"data.prefixes=[{prefix}]",
+        f"train.out_dir={run_dir}",
+        f"train.steps={args.steps}",
+        f"parallel.tensor_parallel={args.nprocs}",
+        "train.eval_interval=50",
+        "train.eval_iters=4",
+        "checkpoint.save_interval=50",
+        "logging.log_interval=10",
+    ]
     overrides.append(f"data.valid_prefixes=[{valid}]" if valid else "data.split=95,5,0")
     if tokenizer:
         overrides += [f"data.tokenizer={tokenizer}", f"model.vocab_size={vocab}"]
     overrides += args.overrides
-    cmd = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(args.nprocs), "--", "-m",
-           "leviathan_pretrain.train", "--config", args.config, *overrides]
-    print(f"[demo] training the tiny-cpu LEV model on {args.nprocs} local processes (TP={args.nprocs}):\n"
-          f"       {' '.join(cmd[1:])}", flush=True)
+    cmd = [
+        sys.executable,
+        str(REPO / "launchers/local.py"),
+        "-n",
+        str(args.nprocs),
+        "--",
+        "-m",
+        "leviathan_pretrain.train",
+        "--config",
+        args.config,
+        *overrides,
+    ]
+    print(
+        f"[demo] training the tiny-cpu LEV model on {args.nprocs} local processes (TP={args.nprocs}):\n"
+        f"       {' '.join(cmd[1:])}",
+        flush=True,
+    )
     rc = subprocess.call(cmd, cwd=REPO)
 
     print("[demo] results", flush=True)
@@ -81,10 +119,14 @@ def main(argv=None) -> int:
         train = [r for r in recs if "loss" in r]
         evals = [r for r in recs if "valid_loss" in r]
         if train:
-            print(f"[demo] train loss: step 1 {train[0]['loss']:.3f} -> step {train[-1]['step']} {train[-1]['loss']:.3f}")
+            print(
+                f"[demo] train loss: step 1 {train[0]['loss']:.3f} -> step {train[-1]['step']} {train[-1]['loss']:.3f}"
+            )
         if evals:
-            print(f"[demo] validation loss at step {evals[-1]['step']}: {evals[-1]['valid_loss']:.3f} "
-                  f"(perplexity {evals[-1]['valid_perplexity']:.1f})")
+            print(
+                f"[demo] validation loss at step {evals[-1]['step']}: {evals[-1]['valid_loss']:.3f} "
+                f"(perplexity {evals[-1]['valid_perplexity']:.1f})"
+            )
     ck = run_dir / "checkpoints"
     if (ck / "latest").is_file():
         note = "training complete; --fresh trains again" if rc == 0 else "re-run to continue from it"

@@ -9,11 +9,11 @@ One code path for every launcher and machine:
 - megatron-core's ``parallel_state`` owns the TP x PP x DP groups; :class:`DeepSpeedMPU` presents them to
   DeepSpeed so that ZeRO partitions over the data-parallel group only.
 """
+
 from __future__ import annotations
 
 import math
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import ConfigError, ParallelConfig
+from leviathan_pretrain.model.settings import resolve_device
+from leviathan_pretrain.ports import free_port
 
 MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 
@@ -32,12 +34,6 @@ class DistEnv:
     local_rank: int
     device: torch.device
     backend: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def expand_hostlist(spec: str) -> list[str]:
@@ -68,13 +64,13 @@ def expand_hostlist(spec: str) -> list[str]:
                 break
             rb = rest.index("]", lb)
             expanded = []
-            for part in rest[lb + 1:rb].split(","):
+            for part in rest[lb + 1 : rb].split(","):
                 lo, _, hi = part.partition("-")
                 if not lo.isdigit() or (hi and not hi.isdigit()):
                     raise ValueError(f"bad SLURM host list {spec!r}")
                 expanded += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
             names = [n + rest[:lb] + e for n in names for e in expanded]
-            rest = rest[rb + 1:]
+            rest = rest[rb + 1 :]
         hosts += names
     return hosts
 
@@ -109,21 +105,32 @@ def discover_rank_env(environ=os.environ) -> dict:
         if "MASTER_ADDR" not in environ:
             first = first_slurm_host(environ)
             if first is None:
-                raise RuntimeError("running under srun with several tasks but neither MASTER_ADDR nor "
-                                   "SLURM_JOB_NODELIST is set; launch through launchers/ or export the first "
-                                   "node's address as MASTER_ADDR")
+                raise RuntimeError(
+                    "running under srun with several tasks but neither MASTER_ADDR nor "
+                    "SLURM_JOB_NODELIST is set; launch through launchers/ or export the first "
+                    "node's address as MASTER_ADDR"
+                )
             env["MASTER_ADDR"] = first
-        env.setdefault("MASTER_PORT", environ.get("MASTER_PORT", str(29500 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)))
+        env.setdefault(
+            "MASTER_PORT", environ.get("MASTER_PORT", str(29500 + int(environ.get("SLURM_JOB_ID", "0")) % 20000))
+        )
     elif any(v in environ for v in MPI_RANK_VARS):
         from mpi4py import MPI  # only under an MPI launcher
+
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
         names = comm.allgather(MPI.Get_processor_name())
         addr = environ.get("MASTER_ADDR") or comm.bcast(
-            _mpi_rank0_address(environ, comm, names) if rank == 0 else None, root=0)
+            _mpi_rank0_address(environ, comm, names) if rank == 0 else None, root=0
+        )
         port = comm.bcast(environ.get("MASTER_PORT") or (str(free_port()) if rank == 0 else None), root=0)
-        env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(names[:rank].count(names[rank])),
-                   MASTER_ADDR=addr, MASTER_PORT=port)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(size),
+            LOCAL_RANK=str(names[:rank].count(names[rank])),
+            MASTER_ADDR=addr,
+            MASTER_PORT=port,
+        )
     else:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     if "MASTER_ADDR" not in environ and "MASTER_ADDR" not in env:
@@ -136,10 +143,8 @@ def discover_rank_env(environ=os.environ) -> dict:
 
 
 def select_device(pcfg: ParallelConfig, local_rank: int = 0) -> torch.device:
-    want = pcfg.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda":
+    """This rank's device (:func:`~leviathan_pretrain.model.settings.resolve_device`), made current on GPU."""
+    if resolve_device(pcfg.device).type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("parallel.device: cuda requested but torch.cuda.is_available() is False")
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -151,8 +156,9 @@ def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
     """GPU-only options stay in the config but fail clearly where they cannot run."""
     if device.type != "cuda":
         if pcfg.precision == "fp16":
-            raise ConfigError("parallel.precision: fp16 needs CUDA (DeepSpeed's CPU path has no fp16); "
-                              "use fp32 or bf16 on CPU")
+            raise ConfigError(
+                "parallel.precision: fp16 needs CUDA (DeepSpeed's CPU path has no fp16); use fp32 or bf16 on CPU"
+            )
         if pcfg.backend == "nccl":
             raise ConfigError("parallel.backend: nccl needs CUDA; use gloo or auto on CPU")
 
@@ -174,23 +180,86 @@ def init_distributed(pcfg: ParallelConfig) -> DistEnv:
     backend = pcfg.backend if pcfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     model_parallel = pcfg.tensor_parallel * pcfg.pipeline_parallel
     if world % model_parallel:
-        raise ConfigError(f"parallel: world size {world} is not divisible by tensor_parallel x pipeline_parallel "
-                          f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}")
+        raise ConfigError(
+            f"parallel: world size {world} is not divisible by tensor_parallel x pipeline_parallel "
+            f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}"
+        )
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                                timeout=timedelta(minutes=pcfg.init_timeout_minutes),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(minutes=pcfg.init_timeout_minutes),
+            device_id=device if device.type == "cuda" else None,
+        )
     from megatron.core import parallel_state as ps
+
     if ps.model_parallel_is_initialized() and (
-            ps.get_tensor_model_parallel_world_size() != pcfg.tensor_parallel
-            or ps.get_pipeline_model_parallel_world_size() != pcfg.pipeline_parallel):
-        ps.destroy_model_parallel()      # a new layout in the same process (e.g. several runs per test launch)
+        ps.get_tensor_model_parallel_world_size() != pcfg.tensor_parallel
+        or ps.get_pipeline_model_parallel_world_size() != pcfg.pipeline_parallel
+    ):
+        ps.destroy_model_parallel()  # a new layout in the same process (e.g. several runs per test launch)
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=pcfg.tensor_parallel,
-                                     pipeline_model_parallel_size=pcfg.pipeline_parallel,
-                                     distributed_timeout_minutes=max(1, math.ceil(pcfg.timeout_minutes)),
-                                     create_gloo_process_groups=device.type == "cuda")
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=pcfg.tensor_parallel,
+            pipeline_model_parallel_size=pcfg.pipeline_parallel,
+            distributed_timeout_minutes=max(1, math.ceil(pcfg.timeout_minutes)),
+            create_gloo_process_groups=device.type == "cuda",
+        )
     return DistEnv(rank, world, local_rank, device, backend)
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """This rank's place in the TP x PP x DP grid (megatron-core's groups), and the batch arithmetic that
+    follows from it (torchtitan's ``ParallelDims``). Build it with :func:`parallel_dims` after
+    :func:`init_distributed`."""
+
+    rank: int
+    world: int
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    gas: int  # gradient accumulation steps: global batch / (micro batch x DP)
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def writer(self) -> bool:
+        """The one rank that logs (TensorBoard, console, train_log.jsonl): last stage, TP 0, DP 0."""
+        return self.last_stage and self.tp_rank == 0 and self.dp_rank == 0
+
+
+def parallel_dims(micro_batch_size: int, global_batch_size: int) -> ParallelDims:
+    """The grid of the initialised groups; the global batch must split into micro-batches x DP."""
+    from megatron.core import parallel_state as ps
+
+    dp = ps.get_data_parallel_world_size()
+    if global_batch_size % (micro_batch_size * dp):
+        raise ConfigError(
+            f"train.global_batch_size: {global_batch_size} is not a multiple of "
+            f"train.micro_batch_size x data-parallel size = {micro_batch_size} x {dp}"
+        )
+    return ParallelDims(
+        rank=dist.get_rank(),
+        world=dist.get_world_size(),
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        dp=dp,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        gas=global_batch_size // (micro_batch_size * dp),
+    )
 
 
 def seed_everything(seed: int, device: torch.device) -> None:
@@ -203,12 +272,14 @@ def seed_everything(seed: int, device: torch.device) -> None:
 
     import numpy as np
     from megatron.core import parallel_state as ps
+
     seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if device.type == "cuda":
         from megatron.core import tensor_parallel
+
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
@@ -216,6 +287,7 @@ def destroy_distributed(barrier: bool = True) -> None:
     """Tear down cleanly (a live gloo thread can abort the interpreter at exit). ``barrier=False`` on error
     paths: a peer that is gone, or stuck elsewhere, must not keep this rank waiting."""
     from megatron.core import parallel_state as ps
+
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
@@ -233,6 +305,7 @@ class DeepSpeedMPU:
 
     def __init__(self):
         from megatron.core import parallel_state as ps
+
         self.ps = ps
 
     def get_model_parallel_world_size(self):

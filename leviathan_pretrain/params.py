@@ -8,6 +8,7 @@ ranks together; tables padded as megatron pads them for ``parallel.tensor_parall
 object with exactly those four keys. The closed form lives in ``leviathan_pretrain.model.sizes`` and is
 checked against real (and meta-device) megatron-core models in tests/test_params.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,10 @@ def breakdown(cfg) -> dict:
 
 def format_breakdown(cfg, counts: dict) -> str:
     m = cfg.model
-    lines = [f"variant={m.variant} vocab_size={m.vocab_size} hidden={m.hidden_size} layers={m.num_layers} "
-             f"tensor_parallel={cfg.parallel.tensor_parallel}"]
+    lines = [
+        f"variant={m.variant} vocab_size={m.vocab_size} hidden={m.hidden_size} layers={m.num_layers} "
+        f"tensor_parallel={cfg.parallel.tensor_parallel}"
+    ]
     for key in ("input", "body", "head", "total"):
         lines.append(f"  {key:<6} {counts[key]:>15,d}  ({counts[key] / 1e6:,.2f} M)")
     return "\n".join(lines)

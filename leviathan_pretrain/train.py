@@ -6,6 +6,7 @@ Run it under any launcher that sets the usual rank variables (``torchrun``, ``de
 steps), 75 stopped early with a checkpoint (signal, ``train.exit_at_step``, ``train.exit_after_minutes``):
 re-run to continue. See the README section "Training".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,19 @@ exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary 
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.train", description=__doc__.split("\n")[0],
-                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.train",
+        description=__doc__.split("\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--config", help="YAML config (may name a 'base:' file it extends)")
-    ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100")
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100",
+    )
     # The `deepspeed` launcher appends --local_rank=N (LOCAL_RANK is in the environment as well).
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -41,9 +50,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from leviathan_pretrain.config import ConfigError, load_config_or_report
+
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
-        return 2                     # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
+        return 2  # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     cuda = _has_cuda() and cfg.parallel.device != "cpu"
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
@@ -57,26 +67,28 @@ def main(argv=None) -> int:
     from leviathan_pretrain.trainer.data import ShardError
     from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged, abort_rank
     from leviathan_pretrain.trainer.loop import run
+
     code = None
     try:
         code = run(cfg)
-    except (ConfigError, ShardError, CheckpointError) as e:   # the start-up checks raise these on every rank
+    except (ConfigError, ShardError, CheckpointError) as e:  # the start-up checks raise these on every rank
         _error(e)
         code = EXIT_CONFIG
-    except Diverged as e:                                       # the loss is global: every rank stops together
+    except Diverged as e:  # the loss is global: every rank stops together
         _error(e)
         code = EXIT_DIVERGED
     except BaseException as e:  # noqa: BLE001 - one rank alone (bad token id, a bug, a lost peer): never wait
-        abort_rank(e)           # in a collective for ranks that are gone; exits this process at once
+        abort_rank(e)  # in a collective for ranks that are gone; exits this process at once
     finally:
         if code is not None:
-            destroy_distributed(barrier=False)      # no barrier: a rank that did not raise must not hold us
+            destroy_distributed(barrier=False)  # no barrier: a rank that did not raise must not hold us
     return code
 
 
 def _has_cuda() -> bool:
     try:
         import torch
+
         return torch.cuda.is_available()
     except ImportError:
         return False

@@ -13,6 +13,7 @@ Built artifacts live under ``$LEVIATHAN_TEST_CACHE`` (set by scripts/test.sh; a 
 otherwise), keyed by a hash of the code that makes them, built under a temporary name and renamed
 into place, so concurrent sessions and stale caches are safe.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,15 +50,18 @@ def build_once(root: Path, name: str, build) -> Path:
         build(tmp)
         try:
             os.rename(tmp, final)
-        except OSError:                      # another session finished first: use theirs
+        except OSError:  # another session finished first: use theirs
             if not final.exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # keep the cache small: of older builds of the same kind, keep only the newest other one
     kind = name.rsplit("-", 1)[0]
-    others = sorted((p for p in root.glob(f"{kind}-*") if p != final and ".tmp-" not in p.name),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
+    others = sorted(
+        (p for p in root.glob(f"{kind}-*") if p != final and ".tmp-" not in p.name),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
     for old in others[1:]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -70,8 +74,9 @@ def _run(args, timeout=300, check=True, env=None, cwd=None) -> subprocess.Comple
         e.update(env)
     p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd or REPO)
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
-                             f"{p.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     return p
 
 
@@ -97,8 +102,9 @@ def test_cache(tmp_path_factory) -> Path:
 def minipile_dir(test_cache) -> Path:
     """The make_corpus corpus (all three sources): train/00.jsonl.zst, val.jsonl.zst, test.jsonl.zst."""
     key = code_key("make_corpus.py")
-    return build_once(test_cache, f"minipile-{key}",
-                      lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600))
+    return build_once(
+        test_cache, f"minipile-{key}", lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600)
+    )
 
 
 def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int, name: str) -> Path:
@@ -106,8 +112,20 @@ def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int,
     key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
 
     def build(tmp):
-        run_module("data_prep.train_tokenizer", "--input", minipile_dir / "train" / "00.jsonl.zst",
-                   "--vocab-size", vocab, "--sample-bytes", sample_mb, "--output", tmp, "--overwrite", timeout=600)
+        run_module(
+            "data_prep.train_tokenizer",
+            "--input",
+            minipile_dir / "train" / "00.jsonl.zst",
+            "--vocab-size",
+            vocab,
+            "--sample-bytes",
+            sample_mb,
+            "--output",
+            tmp,
+            "--overwrite",
+            timeout=600,
+        )
+
     return build_once(test_cache, f"{name}-{key}", build) / "tokenizer.model"
 
 
@@ -131,14 +149,25 @@ def data_prep_code_key() -> str:
 @pytest.fixture(scope="session")
 def minipile_shards(test_cache, minipile_dir, tokenizer_model, data_prep_code_key) -> dict:
     """{"train": PREFIX, "val": PREFIX}: megatron-core shards of minipile train/00 and val."""
-    key = hashlib.sha256(f"{data_prep_code_key}{tokenizer_model.parent.name}{minipile_dir.name}"
-                         .encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{data_prep_code_key}{tokenizer_model.parent.name}{minipile_dir.name}".encode()).hexdigest()[
+        :12
+    ]
 
     def build(tmp):
-        for split, src in (("train", minipile_dir / "train" / "00.jsonl.zst"),
-                           ("val", minipile_dir / "val.jsonl.zst")):
-            run_module("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model,
-                       "--output-prefix", tmp / split, "--workers", 2, timeout=600)
+        for split, src in (("train", minipile_dir / "train" / "00.jsonl.zst"), ("val", minipile_dir / "val.jsonl.zst")):
+            run_module(
+                "data_prep.tokenize",
+                "--input",
+                src,
+                "--tokenizer",
+                tokenizer_model,
+                "--output-prefix",
+                tmp / split,
+                "--workers",
+                2,
+                timeout=600,
+            )
+
     d = build_once(test_cache, f"shards-{key}", build)
     return {"train": str(d / "train"), "val": str(d / "val")}
 
@@ -147,6 +176,7 @@ def read_jsonl_zst(path) -> list[dict]:
     """All records of a (small) jsonl.zst file - test helper, holds the file in memory."""
     import orjson
     import zstandard
+
     with open(path, "rb") as f:
         data = zstandard.ZstdDecompressor().stream_reader(f).read()
     return [orjson.loads(line) for line in data.split(b"\n") if line]

@@ -5,6 +5,7 @@ rank variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), each in
 session, and waits. A hang or one rank dying while the others wait in a collective is a failure: the
 whole group is killed and :class:`RanksFailed` carries every rank's output.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from launchers.local import free_port
+from leviathan_pretrain.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,8 +58,15 @@ def base_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_ranks(args: list[str], nprocs: int = 2, timeout: float = 180.0, env: dict | None = None,
-              cwd: str | Path | None = None, check: bool = True, grace: float = 20.0) -> list[RankResult]:
+def run_ranks(
+    args: list[str],
+    nprocs: int = 2,
+    timeout: float = 180.0,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+    check: bool = True,
+    grace: float = 20.0,
+) -> list[RankResult]:
     """Run ``python *args`` on ``nprocs`` ranks; fail (and kill all) on timeout or if any rank fails.
 
     ``grace``: once one rank exits non-zero, how long the others may take to finish before being
@@ -70,10 +78,23 @@ def run_ranks(args: list[str], nprocs: int = 2, timeout: float = 180.0, env: dic
             log = tempfile.TemporaryFile(mode="w+")
             logs.append(log)
             e = base_env(env)
-            e.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen([sys.executable, *args], env=e, cwd=cwd or REPO, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            e.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(nprocs),
+                LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *args],
+                    env=e,
+                    cwd=cwd or REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + timeout
         first_failure = None
         timed_out = False

@@ -1,5 +1,6 @@
 """Checkpoints: bitwise resume (DP=2 ZeRO-2, PP=2), keep-last-K, atomic ``latest`` under a crash during a
 write, SIGTERM -> checkpoint + exit 75, weights-only loading, RNG state round trip."""
+
 import json
 import pickle
 import random
@@ -14,9 +15,21 @@ import pytest
 import torch
 
 from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.state import TrainState
 from tests.multiproc import REPO, base_env
-from tests.workers.train_common import (CONFIG, RESHARD_STOP, dp_tp_runs, events, losses, overrides, pipe_resume_runs,
-                                        pipe_runs, records, reshard_runs, workdir)
+from tests.workers.train_common import (
+    CONFIG,
+    RESHARD_STOP,
+    dp_tp_runs,
+    events,
+    losses,
+    overrides,
+    pipe_resume_runs,
+    pipe_runs,
+    records,
+    reshard_runs,
+    workdir,
+)
 
 
 class _Payload:
@@ -24,7 +37,7 @@ class _Payload:
         self.marker = marker
 
     def __reduce__(self):
-        return (open, (self.marker, "w"))     # would create the marker file if unpickled
+        return (open, (self.marker, "w"))  # would create the marker file if unpickled
 
 
 def test_loading_refuses_arbitrary_objects(tmp_path):
@@ -41,11 +54,11 @@ def test_loading_refuses_arbitrary_objects(tmp_path):
 
 def test_rng_state_round_trip(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
-    np.random.standard_normal()     # leaves a cached gaussian in numpy's state
-    torch.save(ckpt.rng_state(), tmp_path / "rng.pt")
+    np.random.standard_normal()  # leaves a cached gaussian in numpy's state
+    torch.save(TrainState.rng_state_dict(), tmp_path / "rng.pt")
     before = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist())
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    ckpt.set_rng_state(ckpt.safe_load(tmp_path / "rng.pt"))
+    TrainState.load_rng_state_dict(ckpt.safe_load(tmp_path / "rng.pt"))
     assert (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()) == before
 
 
@@ -54,7 +67,7 @@ def test_latest_prune_and_incomplete(tmp_path):
         d = tmp_path / ckpt.tag_for(s)
         d.mkdir()
         (d / "x.pt").write_bytes(b"x")
-        (d / (ckpt.META if s != 40 else ckpt.SAVING)).write_text("{}")      # 40: an interrupted save of ours
+        (d / (ckpt.META if s != 40 else ckpt.SAVING)).write_text("{}")  # 40: an interrupted save of ours
     (tmp_path / "latest").write_text("global_step30")
     assert ckpt.read_latest(tmp_path) == "global_step30"
     assert ckpt.prune(tmp_path, keep_last=2) == ["global_step10"]
@@ -72,30 +85,31 @@ def test_cleanup_never_touches_what_is_not_ours(tmp_path):
     foreign.mkdir()
     (foreign / "mp_rank_00_model_states.pt").write_bytes(b"their weights")
     (tmp_path / "notes.tmp").write_text("mine")
-    ours = tmp_path / ".global_step9.saving-123"          # our crash between mkdir and rename
+    ours = tmp_path / ".global_step9.saving-123"  # our crash between mkdir and rename
     ours.mkdir()
     (ours / ckpt.SAVING).write_text("{}")
-    (tmp_path / "latest.tmp").write_text("global_step9")
+    (tmp_path / "latest.tmp4242").write_text("global_step9")  # write_bytes_atomic's temporary name
     assert ckpt.remove_incomplete(tmp_path) == []
     assert (foreign / "mp_rank_00_model_states.pt").read_bytes() == b"their weights"
     assert (tmp_path / "notes.tmp").read_text() == "mine"
-    assert not ours.exists() and not (tmp_path / "latest.tmp").exists()
+    assert not ours.exists() and not (tmp_path / "latest.tmp4242").exists()
     assert ckpt.foreign_tags(tmp_path) == ["global_step7"]
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.trainer.loop import latest_checkpoint
+    from leviathan_pretrain.trainer.checkpoint import latest_checkpoint
+
     for resume in ("true", "false"):
         with pytest.raises(ckpt.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
             latest_checkpoint(load_config(CONFIG, [f"checkpoint.resume={resume}"]), tmp_path)
     assert (foreign / "mp_rank_00_model_states.pt").exists()
     with pytest.raises(ckpt.CheckpointError, match="not written by leviathan_pretrain"):
-        ckpt._begin(tmp_path, "global_step7", 7)                 # never replaced by a save either
+        ckpt._begin(tmp_path, "global_step7", 7)  # never replaced by a save either
     assert (foreign / "mp_rank_00_model_states.pt").exists()
 
 
 def assert_bitwise_resume(full, part):
     a, b = losses(full), losses(part)
     assert sorted(a) == sorted(b) == list(range(1, 61))
-    assert [a[s] for s in range(31, 61)] == [b[s] for s in range(31, 61)]      # exact float equality
+    assert [a[s] for s in range(31, 61)] == [b[s] for s in range(31, 61)]  # exact float equality
     assert events(part, "resumed")[-1]["tag"] == "global_step30"
     assert events(part, "finished")
 
@@ -119,14 +133,18 @@ def test_resume_is_bitwise_pp2():
 def test_keep_last_and_contents():
     dp_tp_runs()
     d = workdir() / "dp2_z2_full" / "checkpoints"
-    assert ckpt.complete_tags(d) == ["global_step50", "global_step60"]         # keep_last=2
+    assert ckpt.complete_tags(d) == ["global_step50", "global_step60"]  # keep_last=2
     assert (d / "latest").read_text() == "global_step60"
     meta = json.loads((d / "global_step60" / ckpt.META).read_text())
-    assert (meta["step"], meta["consumed_samples"], meta["layout"]) == (60, 480, {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 2})
+    assert (meta["step"], meta["consumed_samples"], meta["layout"]) == (
+        60,
+        480,
+        {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 2},
+    )
     assert meta["config"]["model"]["variant"] == "lev"
     assert {p.name for p in (d / "global_step60").glob("rng_rank*.pt")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
-    client = ckpt.safe_load(d / "global_step60" / "mp_rank_00_model_states.pt")
-    assert client["consumed_samples"] == 480 and client["model"]["hidden_size"] == 64
+    assert (meta["skipped_steps"], meta["tag"]) == (0, "global_step60")
+    assert "module" in ckpt.safe_load(d / "global_step60" / "mp_rank_00_model_states.pt")  # DeepSpeed's own
 
 
 @pytest.mark.multiproc
@@ -137,15 +155,39 @@ def test_fresh_start_into_old_checkpoints_is_refused():
 
 
 def _launch(out, *extra, env=None):
-    args = [sys.executable, "launchers/local.py", "-n", "2", "--grace", "10", "--", "tests/workers/train_faults.py",
-            "--config", CONFIG, *overrides("unused", f"train.out_dir={out}", "train.steps=1000",
-                                          "train.eval_interval=0", "logging.log_interval=1", *extra)]
-    return subprocess.Popen(args, cwd=REPO, env=base_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    args = [
+        sys.executable,
+        "launchers/local.py",
+        "-n",
+        "2",
+        "--grace",
+        "10",
+        "--",
+        "tests/workers/train_faults.py",
+        "--config",
+        CONFIG,
+        *overrides(
+            "unused",
+            f"train.out_dir={out}",
+            "train.steps=1000",
+            "train.eval_interval=0",
+            "logging.log_interval=1",
+            *extra,
+        ),
+    ]
+    return subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=base_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _stop(proc):
-    if proc.poll() is None:             # the launcher kills every rank on a second interrupt
+    if proc.poll() is None:  # the launcher kills every rank on a second interrupt
         proc.send_signal(signal.SIGINT)
         time.sleep(1)
         proc.send_signal(signal.SIGINT)
@@ -166,9 +208,9 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL, log[-3000:]
     assert (ck / "latest").read_text() == "global_step2"
     assert not (ck / "global_step4" / ckpt.META).exists()
-    with pytest.raises(Exception):      # the half-written file is unreadable ...
+    with pytest.raises(RuntimeError):  # the half-written file is unreadable (torch's zip reader) ...
         torch.load(ck / "global_step4" / "mp_rank_00_model_states.pt", weights_only=True)
-    ckpt.safe_load(ck / "global_step2" / "mp_rank_00_model_states.pt")       # ... the previous one loads
+    ckpt.safe_load(ck / "global_step2" / "mp_rank_00_model_states.pt")  # ... the previous one loads
     first = losses(out)
     assert sorted(first) == [1, 2, 3, 4]
 
@@ -189,7 +231,7 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     stopped = events(out, "stopped")[-1]
     assert stopped["reason"] == "signal"
     second = losses(out)
-    assert [second[s] for s in (1, 2, 3, 4)] == [first[s] for s in (1, 2, 3, 4)]   # 3, 4 redone identically
+    assert [second[s] for s in (1, 2, 3, 4)] == [first[s] for s in (1, 2, 3, 4)]  # 3, 4 redone identically
     assert (ck / "latest").read_text() == f"global_step{stopped['step']}" and max(second) == stopped["step"]
     assert ckpt.complete_tags(ck) == ["global_step2", f"global_step{stopped['step']}"]
     assert not any(p.name.endswith(".tmp") for p in ck.iterdir())
@@ -201,19 +243,22 @@ def test_every_rank_fsyncs_its_own_checkpoint_files(tmp_path):
     node's pages), before the barrier after which rank 0 commits leviathan.json and latest."""
     out, log = tmp_path / "run", tmp_path / "fsync"
     log.mkdir()
-    proc = _launch(out, "train.steps=2", "checkpoint.save_interval=2", "parallel.zero_stage=1",
-                   env={"LEV_TEST_FSYNC_LOG": log})
+    proc = _launch(
+        out, "train.steps=2", "checkpoint.save_interval=2", "parallel.zero_stage=1", env={"LEV_TEST_FSYNC_LOG": log}
+    )
     try:
         text, _ = proc.communicate(timeout=300)
     finally:
         _stop(proc)
     assert proc.returncode == 0, text[-3000:]
     tag = out / "checkpoints" / "global_step2"
-    synced = {r: {Path(p).name for p in (log / f"fsync-rank{r}.txt").read_text().split() if Path(p).parent == tag}
-              for r in (0, 1)}
+    synced = {
+        r: {Path(p).name for p in (log / f"fsync-rank{r}.txt").read_text().split() if Path(p).parent == tag}
+        for r in (0, 1)
+    }
     assert {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"} <= synced[1]
     assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt", "rng_rank00000.pt"} <= synced[0]
-    assert not synced[0] & {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"}   # no walking all
+    assert not synced[0] & {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"}  # no walking all
     written = {p.name for p in tag.iterdir() if p.is_file()} - {ckpt.META}
     assert written <= synced[0] | synced[1], written - synced[0] - synced[1]
 
@@ -223,18 +268,33 @@ def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path):
     """A bad token id on rank 1 of 2 (DP=2) while rank 0 waits in the gradient all-reduce: both exit non-zero
     by themselves within seconds (the collective timeout is 10 minutes), the error printed once."""
     from tests.multiproc import run_ranks
+
     t0 = time.monotonic()
-    res = run_ranks(["tests/workers/train_faults.py", "--config", CONFIG,
-                     *overrides("unused", f"train.out_dir={tmp_path / 'run'}", "train.steps=6",
-                                "train.eval_interval=0", "parallel.zero_stage=1")],
-                    nprocs=2, timeout=300, check=False, grace=90,
-                    env={"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3})
+    res = run_ranks(
+        [
+            "tests/workers/train_faults.py",
+            "--config",
+            CONFIG,
+            *overrides(
+                "unused",
+                f"train.out_dir={tmp_path / 'run'}",
+                "train.steps=6",
+                "train.eval_interval=0",
+                "parallel.zero_stage=1",
+            ),
+        ],
+        nprocs=2,
+        timeout=300,
+        check=False,
+        grace=90,
+        env={"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3},
+    )
     elapsed = time.monotonic() - t0
-    assert res[1].returncode == 2, res[1].output[-3000:]              # bad data, by itself
-    assert res[0].returncode == 1, res[0].output[-3000:]              # lost its peer, by itself (not killed)
-    assert elapsed < 80, elapsed                                      # start-up ~20 s; no timeout waited out
+    assert res[1].returncode == 2, res[1].output[-3000:]  # bad data, by itself
+    assert res[0].returncode == 1, res[0].output[-3000:]  # lost its peer, by itself (not killed)
+    assert elapsed < 80, elapsed  # start-up ~20 s; no timeout waited out
     assert "[rank 1] error: " in res[1].output and "token id" in res[1].output
-    assert sum("token id 1000000" in r.output for r in res) == 1      # printed once
+    assert sum("token id 1000000" in r.output for r in res) == 1  # printed once
     assert "[rank 0] stopping: another rank exited" in res[0].output and "Traceback" not in res[0].output
 
 
@@ -265,14 +325,31 @@ def test_resume_on_fewer_nodes_continues_exactly(zero):
 @pytest.mark.multiproc
 def test_a_different_tensor_parallel_size_is_refused_naming_both_layouts():
     err = reshard_runs()["errors"]["tp2"][0]
-    assert err.startswith("CheckpointError: ") and "written with TP=2 PP=1 DP=1 ZeRO 1, this run has TP=1 PP=1 " \
-        "DP=1 ZeRO 1; changing tensor or pipeline parallelism on resume is not supported" in err, err
+    assert (
+        err.startswith("CheckpointError: ")
+        and "written with TP=2 PP=1 DP=1 ZeRO 1, this run has TP=1 PP=1 "
+        "DP=1 ZeRO 1; changing tensor or pipeline parallelism on resume is not supported"
+        in err
+    ), err
+
+
+def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.model import LAYOUT_VERSION
+    from leviathan_pretrain.parallel import ParallelDims
+
+    cfg = load_config(CONFIG, [])
+    dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
+    meta = {"config": {"model": {}}, "layout": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1}}
+    with pytest.raises(ckpt.CheckpointError, match=f"model layout 1 .* this code reads layout {LAYOUT_VERSION}"):
+        ckpt.check_compatible(cfg, meta, None, tmp_path, dims)
 
 
 def test_layout_rules_without_reshard():
     from leviathan_pretrain.trainer.reshard import check_layout
+
     saved = {"tp": 1, "pp": 2, "dp": 4, "zero_stage": 1}
-    check_layout(saved, 1, 2, 2, 1, True, "ck")                     # fewer nodes: fine
+    check_layout(saved, 1, 2, 2, 1, True, "ck")  # fewer nodes: fine
     with pytest.raises(ckpt.CheckpointError, match="checkpoint.reshard=true"):
         check_layout(saved, 1, 2, 2, 1, False, "ck")
     with pytest.raises(ckpt.CheckpointError, match="parallel.zero_stage=1"):

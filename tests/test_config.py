@@ -1,12 +1,12 @@
 """The config schema: YAML + base chains + dotted overrides, errors that name the key."""
+
 import pytest
 
 from leviathan_pretrain.config import ConfigError, load_config
 
 
 def test_defaults_and_overrides():
-    cfg = load_config(None, ["model.lev.heads=16", "optim.lr=1e-3", "data.prefixes=[a,b]",
-                             "model.num_query_groups=4"])
+    cfg = load_config(None, ["model.lev.heads=16", "optim.lr=1e-3", "data.prefixes=[a,b]", "model.num_query_groups=4"])
     assert cfg.model.lev.heads == 16
     assert cfg.optim.lr == pytest.approx(1e-3)
     assert cfg.data.prefixes == ["a", "b"]
@@ -22,21 +22,25 @@ def test_base_chain_merges_and_overrides(tmp_path):
 
 def test_lev_base_resolution():
     from leviathan_pretrain.config import LEVConfig
+
     lev = LEVConfig()
     for v in (2, 50257, 100000, 200000, 200019, 27000, 27001):
         b = lev.resolved_base(v)
-        assert b ** 3 >= v and (b - 1) ** 3 < v
+        assert b**3 >= v and (b - 1) ** 3 < v
 
 
-@pytest.mark.parametrize("override, key", [
-    ("model.varint=lev", "model.varint"),
-    ("model.variant=foo", "model.variant"),
-    ("model.lev.knots=2", "model.lev.knots"),
-    ("parallel.tensor_parallel=3", "parallel.tensor_parallel"),
-    ("optim.lr=abc", "optim.lr"),
-    ("model.lev.base=10", "model.lev.base"),
-    ("parallel.zero_stage=5", "parallel.zero_stage"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.varint=lev", "model.varint"),
+        ("model.variant=foo", "model.variant"),
+        ("model.lev.knots=2", "model.lev.knots"),
+        ("parallel.tensor_parallel=3", "parallel.tensor_parallel"),
+        ("optim.lr=abc", "optim.lr"),
+        ("model.lev.base=10", "model.lev.base"),
+        ("parallel.zero_stage=5", "parallel.zero_stage"),
+    ],
+)
 def test_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, [override])
@@ -49,8 +53,10 @@ def test_pipeline_limits_zero_stage():
 
 def test_tp_must_divide_lev_heads():
     with pytest.raises(ConfigError, match="model.lev.heads"):
-        load_config(None, ["parallel.tensor_parallel=4", "model.lev.heads=6", "model.num_attention_heads=8",
-                           "model.hidden_size=256"])
+        load_config(
+            None,
+            ["parallel.tensor_parallel=4", "model.lev.heads=6", "model.num_attention_heads=8", "model.hidden_size=256"],
+        )
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
@@ -70,7 +76,11 @@ def test_sequence_parallel_is_refused_at_load_with_the_reason():
 
 def test_two_timeouts_and_optional_peak_flops():
     cfg = load_config(None, [])
-    assert (cfg.parallel.timeout_minutes, cfg.parallel.init_timeout_minutes, cfg.logging.peak_flops) == (10.0, 60.0, None)
+    assert (cfg.parallel.timeout_minutes, cfg.parallel.init_timeout_minutes, cfg.logging.peak_flops) == (
+        10.0,
+        60.0,
+        None,
+    )
     for key in ("parallel.init_timeout_minutes=0", "logging.peak_flops=0"):
         with pytest.raises(ConfigError, match=key.split("=")[0].replace(".", r"\.")):
             load_config(None, [key])

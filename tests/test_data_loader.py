@@ -1,4 +1,5 @@
 """Training data: shard checks (errors name the shard), megatron-core GPTDataset blends, micro-batch order."""
+
 import json
 import shutil
 
@@ -6,15 +7,16 @@ import numpy as np
 import pytest
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.trainer.data import (Batches, ShardError, build_datasets, check_data, inspect_shard,
-                                             split_bounds)
+from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, check_data, inspect_shard, split_bounds
 from tests.workers.train_common import CONFIG, TINY, shard
 from tests.workers.train_data import write_shard
 
 
 def cfg_for(tmp_path, prefixes, *extra):
-    return load_config(CONFIG, TINY + [f"data.prefixes=[{','.join(prefixes)}]", f"train.out_dir={tmp_path / 'out'}",
-                                       "train.steps=10", *extra])
+    return load_config(
+        CONFIG,
+        TINY + [f"data.prefixes=[{','.join(prefixes)}]", f"train.out_dir={tmp_path / 'out'}", "train.steps=10", *extra],
+    )
 
 
 def copy_shard(tmp_path, name="s"):
@@ -28,7 +30,7 @@ def test_inspect_reads_sizes_and_vocab_without_loading():
     info = inspect_shard(shard())
     assert info.num_sequences == 200 and info.num_tokens == int(info.sequence_lengths.sum())
     assert info.vocab_size == 512 and 0 < info.max_token_id < 512
-    assert info.num_documents == 200 and not info.sequence_lengths.flags.owndata   # a view of the mapped .idx
+    assert info.num_documents == 200 and not info.sequence_lengths.flags.owndata  # a view of the mapped .idx
 
 
 @pytest.mark.parametrize("remove", [".bin", ".idx"])
@@ -42,6 +44,7 @@ def test_missing_file_is_named(tmp_path, remove):
 def test_empty_and_truncated_shards_fail(tmp_path):
     empty = str(tmp_path / "empty")
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
     b = IndexedDatasetBuilder(empty + ".bin", dtype=np.uint16)
     b.finalize(empty + ".idx")
     with pytest.raises(ShardError, match=f"data shard {empty}: empty"):
@@ -56,7 +59,9 @@ def test_empty_and_truncated_shards_fail(tmp_path):
 def test_vocabulary_must_fit_the_model(tmp_path):
     # counts.npy longer than the model vocabulary (shard written by a bigger tokenizer)
     p = write_shard(tmp_path / "big", vocab=1000, docs=20)
-    with pytest.raises(ShardError, match=rf"data shard {p}: written with a 1000-token vocabulary.*model.vocab_size=512"):
+    with pytest.raises(
+        ShardError, match=rf"data shard {p}: written with a 1000-token vocabulary.*model.vocab_size=512"
+    ):
         check_data(cfg_for(tmp_path, [shard(), p]))
     # no counts/manifest: the shard is scanned for its largest id
     (tmp_path / "big.counts.npy").unlink()
@@ -83,7 +88,8 @@ def one_rank_group():
     """megatron-core's blended datasets ask torch.distributed for the rank: a 1-process gloo group."""
     import torch.distributed as dist
 
-    from leviathan_pretrain.parallel import free_port
+    from leviathan_pretrain.ports import free_port
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -97,10 +103,9 @@ def test_blend_batches_are_deterministic_and_partition_the_global_batch(tmp_path
     train, valid = build_datasets(cfg, eod=0, needs_data=True)
     assert len(train) >= 20 * 8 and valid is not None
     # the .bin data is memory-mapped, never read into memory
-    assert all(ds.dataset.mmap and type(ds.dataset.bin_reader).__name__ == "_MMapBinReader"
-               for ds in train.datasets)
+    assert all(ds.dataset.mmap and type(ds.dataset.bin_reader).__name__ == "_MMapBinReader" for ds in train.datasets)
     ids = np.asarray([train[i]["dataset_id"] for i in range(len(train))])
-    assert 0.6 < (ids == 1).mean() < 0.9            # weights 1:3
+    assert 0.6 < (ids == 1).mean() < 0.9  # weights 1:3
     one = Batches(train, micro_batch=2, dp_size=1, dp_rank=0, global_batch=8)
     two = [Batches(train, micro_batch=2, dp_size=2, dp_rank=r, global_batch=8) for r in (0, 1)]
     assert (one.gas, two[0].gas) == (4, 2)
@@ -116,8 +121,9 @@ def test_blend_batches_are_deterministic_and_partition_the_global_batch(tmp_path
 
 def test_shard_from_another_tokenizer_is_refused(tmp_path, tokenizer_model):
     p = copy_shard(tmp_path)
-    (tmp_path / "s.manifest.json").write_text(json.dumps({"tokenizer": {"sha256": "0" * 64, "vocab_size": 512},
-                                                          "eod_id": 0}))
+    (tmp_path / "s.manifest.json").write_text(
+        json.dumps({"tokenizer": {"sha256": "0" * 64, "vocab_size": 512}, "eod_id": 0})
+    )
     cfg = cfg_for(tmp_path, [p], f"data.tokenizer={tokenizer_model}", "model.vocab_size=8000")
     with pytest.raises(ShardError, match=rf"data shard {p}: tokenized with another tokenizer \(sha256 000000000000"):
         check_data(cfg)

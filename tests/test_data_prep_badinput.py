@@ -1,24 +1,24 @@
 """Bad input: unusable records are skipped and counted by reason; file-level problems are one-line
 errors naming the file; outputs never appear half-written; no zero-length document ever."""
+
 import json
 import os
 
 import pytest
 import sentencepiece as spm
 import zstandard
-
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 GOOD = ["first good document", "def f(x):\n    return x\n", "last good one \u00e9\u4e2d"]
-BAD_LINES = [                                             # (raw line, skip reason)
+BAD_LINES = [  # (raw line, skip reason)
     (b'{"text": "unterminated', "invalid_json"),
     (b'{"meta": {"pile_set_name": "Github"}}', "missing_text_key"),
     (b'{"text": "caf\xe9 latin-1"}', "invalid_utf8"),
     (b'{"text": ""}', "empty_text"),
     (b'{"text": " \\n\\t  \\u3000"}', "whitespace_only"),
-    (b'[1, 2, 3]', "not_an_object"),
+    (b"[1, 2, 3]", "not_an_object"),
     (b'{"text": 42}', "text_not_a_string"),
-    (b'', "blank_line"),
+    (b"", "blank_line"),
     (b'{"text": "lone \\ud800 surrogate"}', "invalid_json"),
 ]
 
@@ -36,8 +36,11 @@ def write_lines(path, lines, compress=False):
 
 
 def _outputs(prefix):
-    return [p for p in (prefix + ".bin", prefix + ".idx", prefix + ".manifest.json", prefix + ".counts.npy")
-            if os.path.exists(p)]
+    return [
+        p
+        for p in (prefix + ".bin", prefix + ".idx", prefix + ".manifest.json", prefix + ".counts.npy")
+        if os.path.exists(p)
+    ]
 
 
 def _assert_one_line_error(p, *needles):
@@ -63,18 +66,28 @@ def test_bad_records_are_skipped_and_counted(compress, tokenizer_model, run_cli,
     where = {(e["line"], e["reason"]) for e in m["skipped_examples"]}
     assert where == {(i + 2, r) for i, (_, r) in enumerate(BAD_LINES)}
     assert all(e["file"] == str(src) for e in m["skipped_examples"])
-    assert f"{src}:2: skipped record (invalid_json" in p.stderr       # logged with FILE:LINE
+    assert f"{src}:2: skipped record (invalid_json" in p.stderr  # logged with FILE:LINE
     ds = IndexedDataset(prefix)
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
     assert [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))] == GOOD
-    assert ds.sequence_lengths.min() >= 2                  # never a zero-length (or EOD-only) document
+    assert ds.sequence_lengths.min() >= 2  # never a zero-length (or EOD-only) document
 
 
 def test_on_bad_record_error_names_file_and_line(tokenizer_model, run_cli, tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [_good(0), _good(1), b'{"text": broken'])
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-                "--on-bad-record", "error", check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        src,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--on-bad-record",
+        "error",
+        check=False,
+    )
     _assert_one_line_error(p, f"{src}:3", "invalid_json")
     assert _outputs(prefix) == []
 
@@ -84,8 +97,17 @@ def test_truncated_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model
     src = tmp_path / "val_truncated.jsonl.zst"
     src.write_bytes(raw[: len(raw) * 2 // 3])
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", minipile_dir / "test.jsonl.zst", src, "--tokenizer",
-                tokenizer_model, "--output-prefix", prefix, check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "test.jsonl.zst",
+        src,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        check=False,
+    )
     _assert_one_line_error(p, str(src), "truncated zstd stream", "after line")
     assert _outputs(prefix) == []
 
@@ -99,8 +121,9 @@ def test_corrupt_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, 
     src = tmp_path / "val_corrupt.jsonl.zst"
     src.write_bytes(bytes(raw))
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-                check=False)
+    p = run_cli(
+        "data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, check=False
+    )
     _assert_one_line_error(p, str(src), "zstd")
     assert _outputs(prefix) == []
 
@@ -109,7 +132,7 @@ def test_corrupt_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, 
 def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_cli, read_corpus, tmp_path):
     texts = [r["text"] for r in read_corpus(minipile_dir / "train" / "00.jsonl.zst")[:400]]
     big = "\n".join(texts)
-    big = (big * (50_000_000 // len(big.encode()) + 1))
+    big = big * (50_000_000 // len(big.encode()) + 1)
     big = big.encode()[:50_000_000].decode("utf-8", errors="ignore")
     assert len(big.encode()) > 49_999_000
     src = tmp_path / "big.jsonl"
@@ -118,8 +141,18 @@ def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_c
         f.write(json.dumps({"text": big, "meta": {"pile_set_name": "Books3"}}, ensure_ascii=False).encode() + b"\n")
         f.write(json.dumps({"text": "small one after"}).encode() + b"\n")
     prefix = str(tmp_path / "out")
-    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-            "--workers", 2, timeout=280)
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        src,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--workers",
+        2,
+        timeout=280,
+    )
     ds = IndexedDataset(prefix)
     assert len(ds) == 3
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
@@ -131,11 +164,27 @@ def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_c
 
 def test_missing_input_is_a_one_line_error(tokenizer_model, run_cli, tmp_path):
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", tmp_path / "nope.jsonl.zst", "--tokenizer", tokenizer_model,
-                "--output-prefix", prefix, check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        tmp_path / "nope.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        check=False,
+    )
     _assert_one_line_error(p, "input file not found", "nope.jsonl.zst")
-    p = run_cli("data_prep.tokenize", "--input", str(tmp_path / "*.jsonl"), "--tokenizer", tokenizer_model,
-                "--output-prefix", prefix, check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        str(tmp_path / "*.jsonl"),
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        check=False,
+    )
     _assert_one_line_error(p, "matches no file")
     assert _outputs(prefix) == []
 
@@ -156,8 +205,18 @@ def test_existing_output_is_refused_unless_overwrite(minipile_dir, tokenizer_mod
 
 def test_vocab_that_does_not_fit_the_dtype_is_refused(minipile_dir, tokenizer_model_200k, run_cli, tmp_path):
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", minipile_dir / "test.jsonl.zst", "--tokenizer",
-                tokenizer_model_200k, "--output-prefix", prefix, "--dtype", "uint16", check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "test.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model_200k,
+        "--output-prefix",
+        prefix,
+        "--dtype",
+        "uint16",
+        check=False,
+    )
     _assert_one_line_error(p, "uint16", "200000", "--dtype int32")
     assert _outputs(prefix) == []
 
@@ -173,8 +232,9 @@ def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, run_cli, tmp_path
     # a model without an EOS piece cannot mark document ends
     text = tmp_path / "t.txt"
     text.write_text("some words to learn a tiny model from\n" * 50)
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "noeos"), vocab_size=40,
-                                   eos_id=-1, model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(tmp_path / "noeos"), vocab_size=40, eos_id=-1, model_type="bpe", minloglevel=2
+    )
     p = run_cli("data_prep.tokenize", *args, "--tokenizer", tmp_path / "noeos.model", check=False)
     _assert_one_line_error(p, "no EOS piece")
 
@@ -182,8 +242,9 @@ def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, run_cli, tmp_path
 def test_all_records_skipped_is_an_error_not_an_empty_shard(tokenizer_model, run_cli, tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [b'{"text": ""}', b'{"text": "  "}', b"nonsense"])
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-                check=False)
+    p = run_cli(
+        "data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, check=False
+    )
     _assert_one_line_error(p, "no documents to write")
     assert _outputs(prefix) == []
 
@@ -193,8 +254,9 @@ def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, ru
     """--max-record-bytes: a longer line (e.g. a corrupt file without newlines) is skipped as
     record_too_long, never held in memory whole; the records around it are tokenized."""
     long_line = b'{"text": "' + b"x" * 20_000_000 + b'"}'
-    src = write_lines(tmp_path / ("in.jsonl.zst" if compress else "in.jsonl"),
-                      [_good(0), long_line, _good(1), _good(2)], compress)
+    src = write_lines(
+        tmp_path / ("in.jsonl.zst" if compress else "in.jsonl"), [_good(0), long_line, _good(1), _good(2)], compress
+    )
     prefix = str(tmp_path / "out")
     args = ["--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, "--max-record-bytes", 1]
     p = run_cli("data_prep.tokenize", *args)
@@ -206,8 +268,9 @@ def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, ru
     ds = IndexedDataset(prefix)
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
     assert [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))] == GOOD
-    p = run_cli("data_prep.tokenize", *args[:5], str(tmp_path / "strict"), *args[6:], "--on-bad-record", "error",
-                check=False)
+    p = run_cli(
+        "data_prep.tokenize", *args[:5], str(tmp_path / "strict"), *args[6:], "--on-bad-record", "error", check=False
+    )
     _assert_one_line_error(p, f"{src}:2", "record_too_long")
     assert _outputs(str(tmp_path / "strict")) == []
     p = run_cli("data_prep.tokenize", *args[:7], 0, check=False)

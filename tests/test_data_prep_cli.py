@@ -1,5 +1,6 @@
 """Every command has --help and one-line user errors; tokenize stays free of torch/megatron imports;
 progress is a tqdm bar on a terminal and plain lines otherwise; the demo runs end to end."""
+
 import json
 import os
 import pty
@@ -19,17 +20,41 @@ def test_help(module, run_cli):
     assert p.stdout.startswith("usage: python -m " + module) and len(p.stdout.splitlines()) > 8
 
 
-@pytest.mark.parametrize("module, args, needle", [
-    ("data_prep.make_corpus", ["{tmp}/c", "--sources", "github,novels"], "unknown source 'novels'"),
-    ("data_prep.train_tokenizer", ["--input", "{tmp}/none.jsonl", "--vocab-size", "1000", "--output", "{tmp}/t"],
-     "input file not found"),
-    ("data_prep.train_tokenizer", ["--input", "{tmp}", "--vocab-size", "1000", "--output", "{tmp}/t"],
-     "is a directory"),
-    ("data_prep.tokenize", ["--input", "{tmp}/x.jsonl", "--tokenizer", "{tmp}/t.model", "--output-prefix",
-                            "{tmp}/o", "--workers", "0"], "--workers must be >= 1"),
-    ("data_prep.tokenize", ["--input", "{tmp}/x.jsonl", "--tokenizer", "{tmp}/t.model", "--output-prefix",
-                            "{tmp}/"], "tokenizer model not found"),
-])
+@pytest.mark.parametrize(
+    "module, args, needle",
+    [
+        ("data_prep.make_corpus", ["{tmp}/c", "--sources", "github,novels"], "unknown source 'novels'"),
+        (
+            "data_prep.train_tokenizer",
+            ["--input", "{tmp}/none.jsonl", "--vocab-size", "1000", "--output", "{tmp}/t"],
+            "input file not found",
+        ),
+        (
+            "data_prep.train_tokenizer",
+            ["--input", "{tmp}", "--vocab-size", "1000", "--output", "{tmp}/t"],
+            "is a directory",
+        ),
+        (
+            "data_prep.tokenize",
+            [
+                "--input",
+                "{tmp}/x.jsonl",
+                "--tokenizer",
+                "{tmp}/t.model",
+                "--output-prefix",
+                "{tmp}/o",
+                "--workers",
+                "0",
+            ],
+            "--workers must be >= 1",
+        ),
+        (
+            "data_prep.tokenize",
+            ["--input", "{tmp}/x.jsonl", "--tokenizer", "{tmp}/t.model", "--output-prefix", "{tmp}/"],
+            "tokenizer model not found",
+        ),
+    ],
+)
 def test_user_errors_are_one_line(module, args, needle, run_cli, tmp_path):
     (tmp_path / "x.jsonl").write_text('{"text": "a"}\n')
     p = run_cli(module, *[a.format(tmp=tmp_path) for a in args], check=False, timeout=60)
@@ -40,8 +65,8 @@ def test_user_errors_are_one_line(module, args, needle, run_cli, tmp_path):
 def test_tokenize_imports_neither_torch_nor_megatron(minipile_dir, tokenizer_model, tmp_path):
     code = (
         "import sys\n"
-        "from data_prep import tokenize\n"
-        f"rc = tokenize.main(['--input', {str(minipile_dir / 'test.jsonl.zst')!r}, '--tokenizer', "
+        "from data_prep import tokenize_cli\n"
+        f"rc = tokenize_cli.main(['--input', {str(minipile_dir / 'test.jsonl.zst')!r}, '--tokenizer', "
         f"{str(tokenizer_model)!r}, '--output-prefix', {str(tmp_path / 'o')!r}])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'deepspeed'))\n"
         "print('RC', rc, 'HEAVY', heavy)\n"
@@ -51,18 +76,40 @@ def test_tokenize_imports_neither_torch_nor_megatron(minipile_dir, tokenizer_mod
 
 
 def test_plain_progress_lines_when_not_a_terminal(minipile_dir, tokenizer_model, run_cli, tmp_path):
-    p = run_cli("data_prep.tokenize", "--input", minipile_dir / "val.jsonl.zst", "--tokenizer", tokenizer_model,
-                "--output-prefix", tmp_path / "o", "--log-interval", 0, "--batch-bytes", 0.1)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "val.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "o",
+        "--log-interval",
+        0,
+        "--batch-bytes",
+        0.1,
+    )
     lines = [ln for ln in p.stderr.splitlines() if "tok/s" in ln and "MB/s" in ln and " docs" in ln]
     assert len(lines) >= 3 and "\r" not in p.stderr
-    assert "total 54 docs" in p.stderr and "manifest:" in p.stderr                     # the summary
+    assert "total 54 docs" in p.stderr and "manifest:" in p.stderr  # the summary
 
 
 def test_progress_bar_on_a_terminal(minipile_dir, tokenizer_model, tmp_path):
     """stderr on a pseudo-terminal: tqdm draws a bar with documents, tokens/s and MB/s."""
     master, slave = pty.openpty()
-    cmd = [sys.executable, "-m", "data_prep.tokenize", "--input", str(minipile_dir / "val.jsonl.zst"),
-           "--tokenizer", str(tokenizer_model), "--output-prefix", str(tmp_path / "o"), "--batch-bytes", "0.1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_prep.tokenize",
+        "--input",
+        str(minipile_dir / "val.jsonl.zst"),
+        "--tokenizer",
+        str(tokenizer_model),
+        "--output-prefix",
+        str(tmp_path / "o"),
+        "--batch-bytes",
+        "0.1",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
     out = b""
@@ -94,7 +141,8 @@ def test_demo_runs_and_reuses_its_steps(tmp_path, run_cli, capsys):
     for step in ("1/3 corpus", "2/3 tokenizer", "3/3 shards: train", "3/3 shards: val", "done in"):
         assert step in p.stdout, p.stdout
     from data_prep.demo import run_demo
-    res = run_demo(out, vocab_size=2000, sample_mb=1, max_mb=3)                       # all steps reused
+
+    res = run_demo(out, vocab_size=2000, sample_mb=1, max_mb=3)  # all steps reused
     m = json.load(open(res["train_prefix"] + ".manifest.json"))
     assert m["documents"] > 50 and m["tokens"] > 100_000 and list(m["sets"]) == ["Github"]
     assert os.path.exists(res["val_prefix"] + ".idx") and res["tokenizer"].endswith("tokenizer.model")

@@ -1,13 +1,17 @@
-"""The numpy-written shards are megatron-core's format to the byte, and feed its GPTDataset."""
+"""The numpy-written shards are megatron-core's format to the byte, and feed its GPTDataset; data_prep.mmidx
+reads and writes megatron's index format for every dtype it has."""
+
 import filecmp
 import json
+import struct
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
+from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from data_prep import mmidx
 
 
 def _megatron_copy(prefix: str, out_prefix: str, dtype) -> list:
@@ -30,14 +34,25 @@ def test_uint16_shard_is_byte_identical_to_megatron_builder(minipile_shards, tmp
     _megatron_copy(ours, str(tmp_path / "ref"), np.uint16)
     assert _same_files(ours, str(tmp_path / "ref"))
     with open(ours + ".idx", "rb") as f:
-        assert f.read(18)[-1] == 8                         # dtype code uint16
+        assert f.read(18)[-1] == 8  # dtype code uint16
 
 
-def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(minipile_dir, tokenizer_model, minipile_shards,
-                                                                 run_cli, tmp_path):
+def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(
+    minipile_dir, tokenizer_model, minipile_shards, run_cli, tmp_path
+):
     prefix = str(tmp_path / "val32")
-    run_cli("data_prep.tokenize", "--input", minipile_dir / "val.jsonl.zst", "--tokenizer", tokenizer_model,
-            "--output-prefix", prefix, "--dtype", "int32", timeout=120)
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "val.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--dtype",
+        "int32",
+        timeout=120,
+    )
     docs = _megatron_copy(prefix, str(tmp_path / "ref32"), np.int32)
     assert _same_files(prefix, str(tmp_path / "ref32"))
     ds16 = IndexedDataset(minipile_shards["val"])
@@ -46,13 +61,22 @@ def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(minipile_dir, t
     assert json.load(open(prefix + ".manifest.json"))["dtype"] == "int32"
 
 
-def test_200k_vocab_gives_int32_shards_that_round_trip(minipile_dir, tokenizer_model_200k, run_cli, tmp_path,
-                                                       read_corpus):
+def test_200k_vocab_gives_int32_shards_that_round_trip(
+    minipile_dir, tokenizer_model_200k, run_cli, tmp_path, read_corpus
+):
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model_200k))
     assert sp.vocab_size() == 200000
     prefix = str(tmp_path / "val200k")
-    run_cli("data_prep.tokenize", "--input", minipile_dir / "val.jsonl.zst", "--tokenizer", tokenizer_model_200k,
-            "--output-prefix", prefix, timeout=120)
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "val.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model_200k,
+        "--output-prefix",
+        prefix,
+        timeout=120,
+    )
     ds = IndexedDataset(prefix)
     assert ds.index.dtype == np.int32
     texts = [r["text"] for r in read_corpus(minipile_dir / "val.jsonl.zst")]
@@ -61,6 +85,44 @@ def test_200k_vocab_gives_int32_shards_that_round_trip(minipile_dir, tokenizer_m
     assert counts.shape == (200000,) and counts.sum() == sum(len(ds[i]) for i in range(len(ds)))
     docs = _megatron_copy(prefix, str(tmp_path / "ref"), np.int32)
     assert _same_files(prefix, str(tmp_path / "ref")) and max(int(d.max()) for d in docs) > 65535
+
+
+@pytest.mark.parametrize("code", sorted(mmidx.CODE_DTYPES))
+def test_mmidx_reads_and_writes_megatron_indices_of_every_dtype(code, tmp_path):
+    dtype = mmidx.CODE_DTYPES[code]
+    assert DType.dtype_from_code(code) is dtype and DType.code_from_dtype(dtype) == code
+    assert [d.value for d in DType] == sorted(mmidx.CODE_DTYPES)  # megatron's whole table
+    lengths = np.array([3, 1, 5], np.int32)
+    b = IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=dtype)
+    for n in lengths:
+        b.add_document(torch.arange(int(n)), [int(n)])
+    b.finalize(str(tmp_path / "m.idx"))
+    index = mmidx.read_index(tmp_path / "m.idx")
+    item = np.dtype(dtype).itemsize
+    assert index.header.dtype is dtype and index.header.sequences == 3 and index.documents == 3
+    assert index.lengths.tolist() == [3, 1, 5] and index.pointers.tolist() == [0, 3 * item, 4 * item]
+    lengths.tofile(tmp_path / "lens")
+    mmidx.write_index(tmp_path / "ours.idx", dtype, [(str(tmp_path / "lens"), 0, 3)], 3)
+    assert filecmp.cmp(tmp_path / "ours.idx", tmp_path / "m.idx", shallow=False)
+
+
+def test_mmidx_format_errors_name_the_file(tmp_path):
+    p = tmp_path / "x.idx"
+    p.write_bytes(b"MMIDIDX")
+    with pytest.raises(mmidx.IndexFormatError, match=rf"{p}: not a megatron-core MMIDIDX index \(bad header\)"):
+        mmidx.read_header(p)
+    p.write_bytes(mmidx.INDEX_HEADER + struct.pack("<QBQQ", 1, 9, 0, 1))
+    with pytest.raises(mmidx.IndexFormatError, match=rf"{p}: unsupported index version 1 or dtype code 9"):
+        mmidx.read_header(p)
+    p.write_bytes(mmidx.INDEX_HEADER + struct.pack("<QBQQ", 1, 8, 5, 6))
+    assert mmidx.read_header(p).sequences == 5  # the header alone is fine
+    size = mmidx.HEADER_SIZE
+    with pytest.raises(
+        mmidx.IndexFormatError,
+        match=rf"{p}: truncated index \({size} bytes, header promises "
+        rf"{size + 5 * 12 + 6 * 8}\)",
+    ):
+        mmidx.read_index(p)
 
 
 class _TokenIds:
@@ -91,13 +153,23 @@ def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefix = str(tmp_path / "sets")
-    run_cli("data_prep.tokenize", "--input", minipile_dir / "val.jsonl.zst", minipile_dir / "test.jsonl.zst",
-            "--tokenizer", tokenizer_model, "--output-prefix", prefix, "--split-by-set", timeout=120)
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        minipile_dir / "val.jsonl.zst",
+        minipile_dir / "test.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--split-by-set",
+        timeout=120,
+    )
     m = json.load(open(prefix + ".manifest.json"))
     outs = {o["set"]: o["prefix"] for o in m["outputs"]}
     assert sorted(outs) == ["Dictionary", "Github", "PythonDocs"]
     assert outs["Github"] == prefix + ".Github"
-    for name, p in outs.items():                        # each shard: that set's documents, none empty
+    for name, p in outs.items():  # each shard: that set's documents, none empty
         ds = IndexedDataset(p)
         assert len(ds) == m["sets"][name]["documents"] > 0
         assert ds.sequence_lengths.min() >= 2
@@ -106,16 +178,24 @@ def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_
 
     eod, seq = m["eod_id"], 64
     # no index cache: megatron-core's BlendedDataset asks torch.distributed for the rank when caching
-    cfg = GPTDatasetConfig(random_seed=1234, sequence_length=seq, path_to_cache=None,
-                           blend=([outs["Github"], outs["Dictionary"], outs["PythonDocs"]], [0.5, 0.3, 0.2]),
-                           split="90,10,0", tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], eod),
-                           reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                           create_attention_mask=False, mmap_bin_files=True)
+    cfg = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=seq,
+        path_to_cache=None,
+        blend=([outs["Github"], outs["Dictionary"], outs["PythonDocs"]], [0.5, 0.3, 0.2]),
+        split="90,10,0",
+        tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], eod),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mmap_bin_files=True,
+    )
     train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [400, 40, 0], lambda: True, cfg).build()
     assert len(train) >= 400 and len(valid) >= 40 and test is None
     all_docs = []
     for p in outs.values():
-        ds = IndexedDataset(p)             # keep it alive while reading: its __del__ unmaps the file
+        ds = IndexedDataset(p)  # keep it alive while reading: its __del__ unmaps the file
         all_docs += [np.array(ds[i]) for i in range(len(ds))]
     for i in range(0, 400, 37):
         s = train[i]
@@ -131,11 +211,19 @@ def test_minipile_train_shard_feeds_gpt_dataset(minipile_shards, tokenizer_model
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     m = json.load(open(minipile_shards["train"] + ".manifest.json"))
-    cfg = GPTDatasetConfig(random_seed=7, sequence_length=256, path_to_cache=str(tmp_path / "cache"),
-                           blend=([minipile_shards["train"]], None), split="98,2,0",
-                           tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], m["eod_id"]),
-                           reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=True,
-                           create_attention_mask=False, mmap_bin_files=True)
+    cfg = GPTDatasetConfig(
+        random_seed=7,
+        sequence_length=256,
+        path_to_cache=str(tmp_path / "cache"),
+        blend=([minipile_shards["train"]], None),
+        split="98,2,0",
+        tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], m["eod_id"]),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=True,
+        create_attention_mask=False,
+        mmap_bin_files=True,
+    )
     train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [2000, 100, 0], lambda: True, cfg).build()
     assert len(train) >= 2000 and len(valid) >= 100
     s = train[1999]

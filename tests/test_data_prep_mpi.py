@@ -1,4 +1,5 @@
 """Under mpirun (2 ranks) the output is byte-identical to a one-process run; errors end every rank."""
+
 import filecmp
 import json
 import os
@@ -22,11 +23,22 @@ def _needs_mpirun():
 
 def mpirun(args, timeout=120):
     """``mpirun -n 2 python -m data_prep.tokenize --mpi ARGS``; the whole process group dies on timeout."""
-    cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m", "data_prep.tokenize",
-           "--mpi", *map(str, args)]
+    cmd = [
+        MPIRUN,
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "data_prep.tokenize",
+        "--mpi",
+        *map(str, args),
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMPI_MCA_rmaps_base_oversubscribe="1")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -42,8 +54,9 @@ def mpirun(args, timeout=120):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("split_by_set", [False, True])
-def test_two_ranks_give_the_same_bytes_as_one_process(split_by_set, minipile_dir, tokenizer_model, run_cli,
-                                                      tmp_path, read_corpus):
+def test_two_ranks_give_the_same_bytes_as_one_process(
+    split_by_set, minipile_dir, tokenizer_model, run_cli, tmp_path, read_corpus
+):
     # four inputs of different sizes, so both ranks get work and the size-based assignment matters
     recs = read_corpus(minipile_dir / "train" / "00.jsonl.zst")[:300]
     extra = []
@@ -78,14 +91,17 @@ def test_an_error_on_one_rank_stops_all_ranks(minipile_dir, tokenizer_model, tmp
     bad = tmp_path / "truncated.jsonl.zst"
     bad.write_bytes(raw[: len(raw) // 2])
     prefix = tmp_path / "out"
-    rc, log = mpirun(["--input", minipile_dir / "test.jsonl.zst", bad, "--tokenizer", tokenizer_model,
-                      "--output-prefix", prefix], timeout=150)
+    rc, log = mpirun(
+        ["--input", minipile_dir / "test.jsonl.zst", bad, "--tokenizer", tokenizer_model, "--output-prefix", prefix],
+        timeout=150,
+    )
     assert rc != 0
     assert "error: rank " in log and "truncated zstd stream" in log and str(bad) in log
     assert not any(os.path.exists(str(prefix) + e) for e in (".bin", ".idx", ".manifest.json"))
     # argument errors are reported once, before any work, by every rank agreeing to stop
-    rc, log = mpirun(["--input", tmp_path / "missing.jsonl", "--tokenizer", tokenizer_model,
-                      "--output-prefix", prefix], timeout=150)
+    rc, log = mpirun(
+        ["--input", tmp_path / "missing.jsonl", "--tokenizer", tokenizer_model, "--output-prefix", prefix], timeout=150
+    )
     assert rc != 0 and log.count("error: input file not found") == 1
 
 
@@ -97,8 +113,17 @@ def test_work_dir_rules_hold_under_mpi(minipile_dir, tokenizer_model, tmp_path):
     work = tmp_path / "out.work"
     work.mkdir()
     (work / "notes.txt").write_text("mine")
-    args = ["--input", minipile_dir / "test.jsonl.zst", minipile_dir / "val.jsonl.zst", "--tokenizer",
-            tokenizer_model, "--workers", 1, "--output-prefix", prefix]
+    args = [
+        "--input",
+        minipile_dir / "test.jsonl.zst",
+        minipile_dir / "val.jsonl.zst",
+        "--tokenizer",
+        tokenizer_model,
+        "--workers",
+        1,
+        "--output-prefix",
+        prefix,
+    ]
     rc, log = mpirun(args, timeout=150)
     assert rc != 0 and log.count("is not a data_prep work directory") == 1, log
     assert sorted(os.listdir(work)) == ["notes.txt"]

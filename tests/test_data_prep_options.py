@@ -1,11 +1,12 @@
 """tokenize options: set filters and the pile-uncopyrighted preset, --json-key, plain-text inputs."""
+
 import json
 
 import pytest
 import sentencepiece as spm
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from data_prep.sources import PILE_SET_NAMES, PRESETS
-from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 SETS = ["Books3", "Github", "OpenWebText2", "Pile-CC", "YoutubeSubtitles"]
 
@@ -29,59 +30,132 @@ def _texts(prefix, tokenizer_model):
 
 def test_preset_pile_uncopyrighted(pile_like, tokenizer_model, run_cli, tmp_path):
     assert set(PRESETS["pile-uncopyrighted"]["exclude_sets"]) == {
-        "Books3", "BookCorpus2", "OpenSubtitles", "YoutubeSubtitles", "OpenWebText2"}
+        "Books3",
+        "BookCorpus2",
+        "OpenSubtitles",
+        "YoutubeSubtitles",
+        "OpenWebText2",
+    }
     assert set(PRESETS["pile-uncopyrighted"]["exclude_sets"]) <= set(PILE_SET_NAMES)
     prefix = tmp_path / "unc"
-    run_cli("data_prep.tokenize", "--input", pile_like, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-            "--preset", "pile-uncopyrighted")
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        pile_like,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--preset",
+        "pile-uncopyrighted",
+    )
     m = json.load(open(f"{prefix}.manifest.json"))
     assert sorted(m["sets"]) == ["Github", "Pile-CC"]
     assert m["filtered_sets"] == {"Books3": 3, "OpenWebText2": 3, "YoutubeSubtitles": 3}
     assert m["options"]["preset"] == "pile-uncopyrighted"
-    assert _texts(prefix, tokenizer_model) == [f"{n} doc {i}: some text" for i in range(3)
-                                               for n in ("Github", "Pile-CC")]
+    assert _texts(prefix, tokenizer_model) == [
+        f"{n} doc {i}: some text" for i in range(3) for n in ("Github", "Pile-CC")
+    ]
 
 
 def test_include_and_exclude_sets(pile_like, tokenizer_model, run_cli, tmp_path):
-    run_cli("data_prep.tokenize", "--input", pile_like, "--tokenizer", tokenizer_model,
-            "--output-prefix", tmp_path / "inc", "--include-sets", "Github", "Books3")
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        pile_like,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "inc",
+        "--include-sets",
+        "Github",
+        "Books3",
+    )
     m = json.load(open(tmp_path / "inc.manifest.json"))
     assert sorted(m["sets"]) == ["Books3", "Github"] and m["documents"] == 6
-    p = run_cli("data_prep.tokenize", "--input", pile_like, "--tokenizer", tokenizer_model,
-                "--output-prefix", tmp_path / "exc", "--exclude-sets", "Github", "Wikipedia(en)")
-    assert "'Wikipedia(en)' is not one of the Pile's 22 set names" in p.stderr      # typo warning
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        pile_like,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "exc",
+        "--exclude-sets",
+        "Github",
+        "Wikipedia(en)",
+    )
+    assert "'Wikipedia(en)' is not one of the Pile's 22 set names" in p.stderr  # typo warning
     m = json.load(open(tmp_path / "exc.manifest.json"))
     assert "Github" not in m["sets"] and m["filtered_sets"] == {"Github": 3} and m["documents"] == 12
-    p = run_cli("data_prep.tokenize", "--input", pile_like, "--tokenizer", tokenizer_model,
-                "--output-prefix", tmp_path / "both", "--include-sets", "Github", "--exclude-sets", "Github",
-                check=False)
+    p = run_cli(
+        "data_prep.tokenize",
+        "--input",
+        pile_like,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "both",
+        "--include-sets",
+        "Github",
+        "--exclude-sets",
+        "Github",
+        check=False,
+    )
     assert p.returncode == 2 and "both included and excluded" in p.stderr
 
 
 def test_json_key(tokenizer_model, run_cli, tmp_path):
     src = tmp_path / "c.jsonl"
-    src.write_text(json.dumps({"content": "from the content field", "text": "not this"}) + "\n"
-                   + json.dumps({"text": "no content key"}) + "\n")
-    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix",
-            tmp_path / "o", "--json-key", "content")
+    src.write_text(
+        json.dumps({"content": "from the content field", "text": "not this"})
+        + "\n"
+        + json.dumps({"text": "no content key"})
+        + "\n"
+    )
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        src,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "o",
+        "--json-key",
+        "content",
+    )
     m = json.load(open(tmp_path / "o.manifest.json"))
-    assert m["skipped"] == {"missing_text_key": 1} and m["sets"] == {"(none)": {"documents": 1, "tokens": m["tokens"],
-                                                                                "text_bytes": 22}}
+    assert m["skipped"] == {"missing_text_key": 1} and m["sets"] == {
+        "(none)": {"documents": 1, "tokens": m["tokens"], "text_bytes": 22}
+    }
     assert _texts(tmp_path / "o", tokenizer_model) == ["from the content field"]
 
 
-@pytest.mark.parametrize("unit, expected", [
-    ("file", ["first para\nline two\n\n\nsecond para\n   \nthird\n"]),
-    ("line", ["first para", "line two", "second para", "third"]),
-    ("paragraph", ["first para\nline two", "second para", "third"]),
-])
+@pytest.mark.parametrize(
+    "unit, expected",
+    [
+        ("file", ["first para\nline two\n\n\nsecond para\n   \nthird\n"]),
+        ("line", ["first para", "line two", "second para", "third"]),
+        ("paragraph", ["first para\nline two", "second para", "third"]),
+    ],
+)
 def test_plain_text_inputs(unit, expected, tokenizer_model, run_cli, tmp_path):
     src = tmp_path / "notes.txt"
     src.write_text("first para\nline two\n\n\nsecond para\n   \nthird\n")
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9\n".encode("latin-1"))
-    run_cli("data_prep.tokenize", "--input", src, bad, "--tokenizer", tokenizer_model, "--output-prefix",
-            tmp_path / "o", "--text-unit", unit)
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        src,
+        bad,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        tmp_path / "o",
+        "--text-unit",
+        unit,
+    )
     assert _texts(tmp_path / "o", tokenizer_model) == expected
     m = json.load(open(tmp_path / "o.manifest.json"))
     assert m["skipped"].get("invalid_utf8") == 1
@@ -102,18 +176,33 @@ def test_documents_with_u2581_are_counted(tokenizer_model, run_cli, tmp_path):
 
 def test_split_by_set_names_and_unlabelled_records(tokenizer_model, run_cli, tmp_path):
     src = tmp_path / "m.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"text": "wiki text", "meta": {"pile_set_name": "Wikipedia (en)"}},
-        {"text": "no meta at all"},
-        {"text": "book text", "meta": {"pile_set_name": "Gutenberg (PG-19)"}},
-        {"text": "more wiki", "meta": {"pile_set_name": "Wikipedia (en)"}},
-    ]))
+    src.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"text": "wiki text", "meta": {"pile_set_name": "Wikipedia (en)"}},
+                {"text": "no meta at all"},
+                {"text": "book text", "meta": {"pile_set_name": "Gutenberg (PG-19)"}},
+                {"text": "more wiki", "meta": {"pile_set_name": "Wikipedia (en)"}},
+            ]
+        )
+    )
     prefix = tmp_path / "s"
-    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix,
-            "--split-by-set")
+    run_cli(
+        "data_prep.tokenize",
+        "--input",
+        src,
+        "--tokenizer",
+        tokenizer_model,
+        "--output-prefix",
+        prefix,
+        "--split-by-set",
+    )
     m = json.load(open(f"{prefix}.manifest.json"))
     assert {o["set"]: o["prefix"] for o in m["outputs"]} == {
-        "(none)": f"{prefix}.no_set", "Gutenberg (PG-19)": f"{prefix}.Gutenberg_PG-19",
-        "Wikipedia (en)": f"{prefix}.Wikipedia_en"}
+        "(none)": f"{prefix}.no_set",
+        "Gutenberg (PG-19)": f"{prefix}.Gutenberg_PG-19",
+        "Wikipedia (en)": f"{prefix}.Wikipedia_en",
+    }
     assert _texts(f"{prefix}.Wikipedia_en", tokenizer_model) == ["wiki text", "more wiki"]
     assert _texts(f"{prefix}.no_set", tokenizer_model) == ["no meta at all"]

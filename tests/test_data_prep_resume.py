@@ -1,5 +1,6 @@
 """Killed runs leave no final files and resume to the same bytes; parts are reused only when their
 input is unchanged; the output does not depend on threads, batch size or chunked encoding."""
+
 import filecmp
 import json
 import os
@@ -39,8 +40,18 @@ def _same(a: str, b: str, exts=(".bin", ".idx", ".counts.npy")) -> bool:
 
 
 def _tokenize_args(inputs, tokenizer, prefix, *extra):
-    return [sys.executable, "-m", "data_prep.tokenize", "--input", *map(str, inputs), "--tokenizer",
-            str(tokenizer), "--output-prefix", str(prefix), *map(str, extra)]
+    return [
+        sys.executable,
+        "-m",
+        "data_prep.tokenize",
+        "--input",
+        *map(str, inputs),
+        "--tokenizer",
+        str(tokenizer),
+        "--output-prefix",
+        str(prefix),
+        *map(str, extra),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +62,18 @@ def reference(three_inputs, tokenizer_model, tmp_path_factory, run_cli):
 
 
 @pytest.mark.timeout(300)
-def test_sigkill_leaves_no_outputs_and_a_rerun_gives_the_same_bytes(three_inputs, tokenizer_model, reference,
-                                                                   tmp_path, run_cli):
+def test_sigkill_leaves_no_outputs_and_a_rerun_gives_the_same_bytes(
+    three_inputs, tokenizer_model, reference, tmp_path, run_cli
+):
     prefix = tmp_path / "out"
     work = tmp_path / "out.work"
-    proc = subprocess.Popen(_tokenize_args(three_inputs, tokenizer_model, prefix, "--workers", 1,
-                                           "--batch-bytes", 0.05),
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        _tokenize_args(three_inputs, tokenizer_model, prefix, "--workers", 1, "--batch-bytes", 0.05),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         # kill once the second input is done and the third is being written
@@ -82,7 +98,7 @@ def test_sigkill_leaves_no_outputs_and_a_rerun_gives_the_same_bytes(three_inputs
     assert _same(str(prefix), reference)
     m = json.load(open(str(prefix) + ".manifest.json"))
     assert [i["reused"] for i in m["inputs"]] == [True, True, False]
-    assert not work.exists()                                # removed after success
+    assert not work.exists()  # removed after success
 
 
 def test_parts_are_reused_only_for_unchanged_inputs(minipile_dir, tokenizer_model, tmp_path, run_cli, read_corpus):
@@ -96,8 +112,11 @@ def test_parts_are_reused_only_for_unchanged_inputs(minipile_dir, tokenizer_mode
     # b changes (same size, other content): only a's part may be reused
     recs = read_corpus(minipile_dir / "val.jsonl.zst")
     recs[0]["text"] = recs[0]["text"][::-1]
-    b.write_bytes(zstandard.ZstdCompressor(level=3).compress(
-        b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in recs)))
+    b.write_bytes(
+        zstandard.ZstdCompressor(level=3).compress(
+            b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in recs)
+        )
+    )
     p = run_cli(*_tokenize_args([a, b], tokenizer_model, prefix, "--overwrite", "--keep-work")[2:])
     assert "part-00000 for" in p.stderr and "part-00001 for" not in p.stderr
     run_cli(*_tokenize_args([a, b], tokenizer_model, tmp_path / "fresh")[2:])
@@ -107,18 +126,21 @@ def test_parts_are_reused_only_for_unchanged_inputs(minipile_dir, tokenizer_mode
     assert "reusing" not in p.stderr
 
 
-def test_output_does_not_depend_on_threads_batches_or_chunking(minipile_dir, tokenizer_model, read_corpus,
-                                                               tmp_path, run_cli):
+def test_output_does_not_depend_on_threads_batches_or_chunking(
+    minipile_dir, tokenizer_model, read_corpus, tmp_path, run_cli
+):
     texts = [r["text"] for r in read_corpus(minipile_dir / "train" / "00.jsonl.zst")[:200]]
-    long_doc = "\n".join(texts)[:1_500_000]                  # longer than a batch: piece batches
+    long_doc = "\n".join(texts)[:1_500_000]  # longer than a batch: piece batches
     src = tmp_path / "mixed.jsonl"
     with open(src, "w") as f:
         for t in texts[:50] + [long_doc] + texts[50:80]:
             f.write(json.dumps({"text": t, "meta": {"pile_set_name": "X"}}) + "\n")
     inputs = [minipile_dir / "val.jsonl.zst", src]
-    settings = [("--workers", 1, "--chunk-bytes", 0),                            # whole documents
-                ("--workers", 2, "--batch-bytes", 1, "--chunk-bytes", 8192),
-                ("--workers", 3, "--batch-bytes", 0.02, "--chunk-bytes", 1000)]
+    settings = [
+        ("--workers", 1, "--chunk-bytes", 0),  # whole documents
+        ("--workers", 2, "--batch-bytes", 1, "--chunk-bytes", 8192),
+        ("--workers", 3, "--batch-bytes", 0.02, "--chunk-bytes", 1000),
+    ]
     for k, extra in enumerate(settings):
         run_cli(*_tokenize_args(inputs, tokenizer_model, tmp_path / f"o{k}", *extra)[2:], timeout=200)
     assert _same(str(tmp_path / "o0"), str(tmp_path / "o1")) and _same(str(tmp_path / "o0"), str(tmp_path / "o2"))

@@ -1,5 +1,7 @@
 """Round trip on a real corpus: every document's tokens, read back with megatron-core's
 IndexedDataset and detokenized, give back the input text exactly; counts and manifest agree."""
+
+import dataclasses
 import hashlib
 import json
 
@@ -7,16 +9,20 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from data_prep.manifest import Manifest
+
 
 @pytest.fixture(scope="module")
 def indexed_dataset():
     from megatron.core.datasets.indexed_dataset import IndexedDataset
+
     return IndexedDataset
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
-def test_every_document_round_trips(split, minipile_dir, tokenizer_model, minipile_shards, read_corpus,
-                                    indexed_dataset):
+def test_every_document_round_trips(
+    split, minipile_dir, tokenizer_model, minipile_shards, read_corpus, indexed_dataset
+):
     src = minipile_dir / "train" / "00.jsonl.zst" if split == "train" else minipile_dir / "val.jsonl.zst"
     texts = [r["text"] for r in read_corpus(src)]
     ds = indexed_dataset(minipile_shards[split])
@@ -30,8 +36,7 @@ def test_every_document_round_trips(split, minipile_dir, tokenizer_model, minipi
     assert not bad, f"{len(bad)} documents differ after the round trip, first: #{bad[0]}"
 
 
-def test_counts_and_manifest_agree_with_the_shard(minipile_dir, tokenizer_model, minipile_shards,
-                                                  read_corpus):
+def test_counts_and_manifest_agree_with_the_shard(minipile_dir, tokenizer_model, minipile_shards, read_corpus):
     prefix = minipile_shards["train"]
     m = json.loads(open(prefix + ".manifest.json").read())
     tokens = np.fromfile(prefix + ".bin", dtype=np.uint16)
@@ -56,13 +61,29 @@ def test_counts_and_manifest_agree_with_the_shard(minipile_dir, tokenizer_model,
     assert sum(v["tokens"] for v in m["sets"].values()) == m["tokens"]
 
 
+def test_manifest_reads_back_as_written(minipile_shards):
+    """The manifest file is Manifest.to_json(): same keys, same order, same values."""
+    path = minipile_shards["train"] + ".manifest.json"
+    text = open(path, encoding="utf-8").read()
+    m = Manifest.from_json(json.loads(text))
+    assert list(json.loads(text)) == [f.name for f in dataclasses.fields(Manifest)]
+    assert json.dumps(m.to_json(), indent=1, ensure_ascii=False) + "\n" == text
+    with pytest.raises(ValueError, match="manifest without"):
+        Manifest.from_json({k: v for k, v in m.to_json().items() if k != "ranks"})
+
+
 def test_tricky_text_round_trips(tokenizer_model):
     """Whitespace, code, control characters and characters absent from training decode exactly."""
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
     samples = [
         "def f(x):\n\tif x:\r\n        return  x  \n\n\n",
-        "   leading and trailing   ", "\n", " ", "a\u00a0b\u2003c", "tab\tand\x0bvt\x0cff\x00nul",
-        "digits 1234567890 3.14159e-10", "emoji \U0001F600\U0001F469\u200d\U0001F52C ok",
+        "   leading and trailing   ",
+        "\n",
+        " ",
+        "a\u00a0b\u2003c",
+        "tab\tand\x0bvt\x0cff\x00nul",
+        "digits 1234567890 3.14159e-10",
+        "emoji \U0001f600\U0001f469\u200d\U0001f52c ok",
         "CJK \u4e2d\u6587\u5b57 \ud55c\uad6d\uc5b4 \u0627\u0644\u0639\u0631\u0628\u064a\u0629",
         "combining e\u0301 vs \u00e9, ligature \ufb01, fullwidth \uff21",
     ]

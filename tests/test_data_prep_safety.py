@@ -2,6 +2,7 @@
 
 The work directory is ours only with our marker; --overwrite deletes only this prefix's own files; a
 failing in-kernel copy does not duplicate bytes; make_corpus and the demo replace only their own output."""
+
 import errno
 import json
 import os
@@ -28,8 +29,18 @@ def small_input(tmp_path):
 
 
 def _tokenize(run_cli, inputs, tokenizer, prefix, *extra, check=True):
-    return run_cli("data_prep.tokenize", "--input", *inputs, "--tokenizer", tokenizer, "--output-prefix", prefix,
-                   "--no-progress", *extra, check=check)
+    return run_cli(
+        "data_prep.tokenize",
+        "--input",
+        *inputs,
+        "--tokenizer",
+        tokenizer,
+        "--output-prefix",
+        prefix,
+        "--no-progress",
+        *extra,
+        check=check,
+    )
 
 
 def _one_line_error(p, *needles):
@@ -46,8 +57,10 @@ def _outputs(prefix):
 
 # -- 1. the work directory ---------------------------------------------------------------------
 
-def test_work_dir_option_uses_a_marked_subdirectory_and_keeps_the_users_files(small_input, tokenizer_model,
-                                                                              run_cli, tmp_path):
+
+def test_work_dir_option_uses_a_marked_subdirectory_and_keeps_the_users_files(
+    small_input, tokenizer_model, run_cli, tmp_path
+):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "user.txt").write_text("precious")
@@ -67,14 +80,14 @@ def test_work_dir_option_uses_a_marked_subdirectory_and_keeps_the_users_files(sm
 
 def test_a_work_dir_without_our_marker_is_refused(small_input, tokenizer_model, run_cli, tmp_path):
     prefix = tmp_path / "out"
-    work = tmp_path / "out.work"                       # the default work dir, but the user's
+    work = tmp_path / "out.work"  # the default work dir, but the user's
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     p = _tokenize(run_cli, [small_input], tokenizer_model, prefix, check=False)
     _one_line_error(p, work, "--work-dir")
     assert (work / "notes.txt").read_text() == "mine" and sorted(os.listdir(work)) == ["notes.txt"]
     assert _outputs(prefix) == []
-    scratch = tmp_path / "scratch"                     # the same under --work-dir
+    scratch = tmp_path / "scratch"  # the same under --work-dir
     (scratch / "out.data_prep-work").mkdir(parents=True)
     (scratch / "out.data_prep-work" / "x").write_text("x")
     p = _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--work-dir", scratch, check=False)
@@ -93,7 +106,7 @@ def test_only_what_we_wrote_is_removed_from_our_work_dir(small_input, tokenizer_
     _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--keep-work")
     assert (work / MARKER).is_file()
     (work / "mine.txt").write_text("mine")
-    (work / "part-00007").mkdir()                     # a part of an earlier run with more inputs: ours
+    (work / "part-00007").mkdir()  # a part of an earlier run with more inputs: ours
     _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--overwrite")
     assert sorted(os.listdir(work)) == sorted([MARKER, "mine.txt"])
     # another prefix's work dir (same name under --work-dir) is refused, not reused
@@ -105,6 +118,7 @@ def test_only_what_we_wrote_is_removed_from_our_work_dir(small_input, tokenizer_
 
 
 # -- 2. --overwrite ----------------------------------------------------------------------------
+
 
 def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, run_cli, tmp_path):
     src = tmp_path / "in.jsonl"
@@ -118,7 +132,7 @@ def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, run_cli,
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     users = []
-    (data / "out.v2.manifest.json").write_text("{}")            # out.v2 is a prefix of its own
+    (data / "out.v2.manifest.json").write_text("{}")  # out.v2 is a prefix of its own
     bases = (elsewhere / "keep", data / "other", data / "other.Github", elsewhere / "out.Github", data / "out.v2")
     for base in bases:
         for ext in (".bin", ".idx", ".counts.npy"):
@@ -127,23 +141,36 @@ def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, run_cli,
             users.append(p)
     m = json.loads(open(f"{prefix}.manifest.json").read())
     for base in bases:
-        m["outputs"].append({"set": "Github", "prefix": str(base), "bin": f"{base}.bin", "idx": f"{base}.idx",
-                             "counts": f"{base}.counts.npy"})
+        m["outputs"].append(
+            {
+                "set": "Github",
+                "prefix": str(base),
+                "bin": f"{base}.bin",
+                "idx": f"{base}.idx",
+                "counts": f"{base}.counts.npy",
+            }
+        )
     open(f"{prefix}.manifest.json", "w").write(json.dumps(m))
-    _tokenize(run_cli, [src], tokenizer_model, prefix, "--overwrite")          # no longer split by set
+    _tokenize(run_cli, [src], tokenizer_model, prefix, "--overwrite")  # no longer split by set
     assert all(open(p).read() == "user data" for p in users)
     # this prefix's own stale set shards are still removed
-    assert not [p for p in os.listdir(data) if p.startswith("out.") and not p.startswith("out.v2.")
-                and p not in ("out.bin", "out.idx", "out.counts.npy", "out.manifest.json")]
+    assert not [
+        p
+        for p in os.listdir(data)
+        if p.startswith("out.")
+        and not p.startswith("out.v2.")
+        and p not in ("out.bin", "out.idx", "out.counts.npy", "out.manifest.json")
+    ]
 
 
 # -- 3. merging: a failing in-kernel copy ------------------------------------------------------
+
 
 def test_append_file_resumes_after_copy_file_range_fails_part_way(tmp_path, monkeypatch):
     real = os.copy_file_range
     calls = []
 
-    def flaky(src, dst, count, *args):          # copies up to 1000 bytes, then fails on the next call
+    def flaky(src, dst, count, *args):  # copies up to 1000 bytes, then fails on the next call
         calls.append(count)
         if len(calls) % 2 == 0:
             raise OSError(errno.EIO, "injected copy_file_range failure")
@@ -161,6 +188,7 @@ def test_append_file_resumes_after_copy_file_range_fails_part_way(tmp_path, monk
 
     def always_fails(*a):
         raise OSError(errno.EXDEV, "injected")
+
     monkeypatch.setattr(os, "copy_file_range", always_fails)
     with open(tmp_path / "out2.bin", "wb") as out:
         for i in range(len(blobs)):
@@ -170,9 +198,11 @@ def test_append_file_resumes_after_copy_file_range_fails_part_way(tmp_path, monk
 
 # -- 5. make_corpus and the demo ---------------------------------------------------------------
 
+
 def _corpus(run_cli, out, *extra, check=True):
-    return run_cli("data_prep.make_corpus", out, "--sources", "github", "--max-mb", 0.3, *extra, check=check,
-                   timeout=200)
+    return run_cli(
+        "data_prep.make_corpus", out, "--sources", "github", "--max-mb", 0.3, *extra, check=check, timeout=200
+    )
 
 
 def test_make_corpus_force_replaces_only_its_own_corpus(run_cli, tmp_path):
@@ -189,12 +219,13 @@ def test_make_corpus_force_replaces_only_its_own_corpus(run_cli, tmp_path):
     (out / "train" / "mine.jsonl.zst").write_text("mine")
     _corpus(run_cli, out, "--force")
     assert (out / "notes.txt").read_text() == "mine" and (out / "train" / "mine.jsonl.zst").read_text() == "mine"
-    assert sorted(os.listdir(out / "train")) == ["00.jsonl.zst", "mine.jsonl.zst"]      # stale 01 removed
+    assert sorted(os.listdir(out / "train")) == ["00.jsonl.zst", "mine.jsonl.zst"]  # stale 01 removed
     assert (out / "val.jsonl.zst").is_file() and (out / "test.jsonl.zst").is_file()
 
 
 def test_demo_never_deletes_a_corpus_directory_it_did_not_write(tmp_path):
     from data_prep.demo import run_demo
+
     out = tmp_path / "demo"
     (out / "corpus").mkdir(parents=True)
     (out / "corpus" / "mine.txt").write_text("mine")

@@ -1,4 +1,5 @@
 """The streaming reader: lines across read chunks, multi-frame zstd, document cutting for encoding."""
+
 import json
 
 import pytest
@@ -27,7 +28,7 @@ def test_lines_survive_any_read_chunking(tmp_path_factory, lines, read_size, tra
 def test_multi_frame_zstd_and_empty_files(tmp_path):
     recs = [{"text": f"doc {i}"} for i in range(10)]
     frames = b"".join(zstandard.ZstdCompressor().compress(json.dumps(r).encode() + b"\n") for r in recs)
-    (tmp_path / "multi.jsonl.zst").write_bytes(frames)               # e.g. pzstd output: one frame per block
+    (tmp_path / "multi.jsonl.zst").write_bytes(frames)  # e.g. pzstd output: one frame per block
     r = FileReader(str(tmp_path / "multi.jsonl.zst"), read_size=5)
     docs = [d for b in r.batches() for d in b.units]
     assert docs == [f"doc {i}".encode() for i in range(10)] and r.stats.records == 10
@@ -37,8 +38,7 @@ def test_multi_frame_zstd_and_empty_files(tmp_path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(doc=st.text(alphabet=st.sampled_from("ab \n\u00e9"), max_size=400).map(str.encode),
-       target=st.integers(1, 50))
+@given(doc=st.text(alphabet=st.sampled_from("ab \n\u00e9"), max_size=400).map(str.encode), target=st.integers(1, 50))
 def test_documents_are_cut_just_after_newlines(doc, target):
     pieces = split_after_newlines(doc, target)
     assert b"".join(pieces) == doc
@@ -48,7 +48,7 @@ def test_documents_are_cut_just_after_newlines(doc, target):
 
 
 def test_batches_group_documents_and_pieces(tmp_path):
-    long_doc = "line of text\n" * 2000                                # 26 kB
+    long_doc = "line of text\n" * 2000  # 26 kB
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["short", long_doc, "tail"]))
     r = FileReader(str(src), batch_bytes=10_000)
@@ -65,12 +65,13 @@ def test_batches_group_documents_and_pieces(tmp_path):
 
 def test_an_overlong_line_is_skipped_in_bounded_memory(tmp_path):
     import tracemalloc
+
     src = tmp_path / "in.jsonl"
     with open(src, "wb") as f:
         f.write(b'{"text": "before"}\n{"text": "')
-        for _ in range(20):                                           # a 20 MB line
+        for _ in range(20):  # a 20 MB line
             f.write(b"z" * 1_000_000)
-        f.write(b'"}\n{"text": "after"}\n' + b"y" * 3_000_000)       # and a long last line without newline
+        f.write(b'"}\n{"text": "after"}\n' + b"y" * 3_000_000)  # and a long last line without newline
     tracemalloc.start()
     try:
         r = FileReader(str(src), max_record_bytes=1_000_000)
@@ -84,12 +85,15 @@ def test_an_overlong_line_is_skipped_in_bounded_memory(tmp_path):
     assert peak < 6_000_000, peak
 
 
-@pytest.mark.parametrize("unit, data, docs, line", [
-    ("file", b"x" * 2_500_000, [], 1),
-    ("line", b"short one\n" + b"w" * 2_500_000 + b"\ntail\n", [b"short one", b"tail"], 2),
-    ("paragraph", b"short one\n\n" + b"para line\n" * 300_000 + b"\ntail\n", [b"short one", b"tail"], 3),
-    ("paragraph", b"short one\n\n" + b"w" * 2_500_000 + b"\nsame paragraph\n\ntail", [b"short one", b"tail"], 3),
-])
+@pytest.mark.parametrize(
+    "unit, data, docs, line",
+    [
+        ("file", b"x" * 2_500_000, [], 1),
+        ("line", b"short one\n" + b"w" * 2_500_000 + b"\ntail\n", [b"short one", b"tail"], 2),
+        ("paragraph", b"short one\n\n" + b"para line\n" * 300_000 + b"\ntail\n", [b"short one", b"tail"], 3),
+        ("paragraph", b"short one\n\n" + b"w" * 2_500_000 + b"\nsame paragraph\n\ntail", [b"short one", b"tail"], 3),
+    ],
+)
 def test_overlong_plain_text_records_are_skipped(unit, data, docs, line, tmp_path):
     src = tmp_path / "in.txt"
     src.write_bytes(data)
@@ -97,13 +101,14 @@ def test_overlong_plain_text_records_are_skipped(unit, data, docs, line, tmp_pat
     assert [d for b in r.batches() for d in b.units] == docs
     assert r.stats.skipped["record_too_long"] == 1
     assert [e["line"] for e in r.stats.examples if e["reason"] == "record_too_long"] == [line]
-    assert r.stats.sha256 and r.stats.bytes == len(data)                # the whole file is still read
+    assert r.stats.sha256 and r.stats.bytes == len(data)  # the whole file is still read
 
 
 @settings(max_examples=150, deadline=None)
 @given(lines=lines_st, read_size=st.integers(1, 64), limit=st.integers(0, 30))
 def test_lines_longer_than_the_limit_become_markers(tmp_path_factory, lines, read_size, limit):
     from data_prep.sources import TOO_LONG
+
     data = b"".join(ln + b"\n" for ln in lines)
     path = tmp_path_factory.mktemp("lines") / "f.txt"
     path.write_bytes(data)

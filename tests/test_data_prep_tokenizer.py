@@ -1,5 +1,6 @@
 """train_tokenizer: exact vocabulary sizes (50k, 100k, 200k), BPE and unigram, a seeded bounded
 sample, provenance, and a clear error when the sample cannot support the vocabulary."""
+
 import hashlib
 import json
 
@@ -17,7 +18,7 @@ def _check_model(path, vocab, model_type="bpe"):
     sp = spm.SentencePieceProcessor(model_file=str(path))
     assert sp.vocab_size() == vocab
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, -1)
-    assert all(sp.piece_to_id(f"<0x{b:02X}>") != 0 for b in range(256))          # byte fallback pieces
+    assert all(sp.piece_to_id(f"<0x{b:02X}>") != 0 for b in range(256))  # byte fallback pieces
     meta = json.loads((path.parent / "tokenizer_meta.json").read_text())
     assert meta["vocab_size"] == vocab and meta["eod_id"] == 2
     assert meta["model_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -39,13 +40,23 @@ def test_large_vocabularies_come_out_exact(vocab, sample_mb, minipile_dir, run_c
 
 def test_200k_vocabulary_comes_out_exact(tokenizer_model_200k):
     sp, meta = _check_model(tokenizer_model_200k, 200000)
-    assert sp.encode("12345") == [sp.piece_to_id(c) for c in "12345"]                # digits split
+    assert sp.encode("12345") == [sp.piece_to_id(c) for c in "12345"]  # digits split
     assert meta["sample"]["bytes"] <= 12e6
 
 
 def test_too_small_a_sample_says_how_much_it_supports(minipile_dir, run_cli, tmp_path):
-    p = run_cli("data_prep.train_tokenizer", "--input", minipile_dir / "val.jsonl.zst", "--output", tmp_path,
-                "--vocab-size", 100000, "--sample-bytes", 1, check=False)
+    p = run_cli(
+        "data_prep.train_tokenizer",
+        "--input",
+        minipile_dir / "val.jsonl.zst",
+        "--output",
+        tmp_path,
+        "--vocab-size",
+        100000,
+        "--sample-bytes",
+        1,
+        check=False,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --vocab-size 100000 is too large for this sample") and "--sample-bytes" in last
@@ -54,8 +65,9 @@ def test_too_small_a_sample_says_how_much_it_supports(minipile_dir, run_cli, tmp
 
 def test_unigram_and_provenance(minipile_dir, run_cli, tmp_path, read_corpus):
     src = minipile_dir / "val.jsonl.zst"
-    _train(run_cli, [src], tmp_path, "--vocab-size", 2000, "--sample-bytes", 0.5, "--model-type", "unigram",
-           "--seed", 3)
+    _train(
+        run_cli, [src], tmp_path, "--vocab-size", 2000, "--sample-bytes", 0.5, "--model-type", "unigram", "--seed", 3
+    )
     sp, meta = _check_model(tmp_path / "tokenizer.model", 2000, "unigram")
     texts = [r["text"] for r in read_corpus(src)]
     assert sp.decode(sp.encode(texts)) == texts
@@ -74,8 +86,9 @@ def test_same_seed_same_model_other_seed_other_sample(minipile_dir, run_cli, tmp
         metas.append(json.loads((tmp_path / name / "tokenizer_meta.json").read_text()))
     assert (tmp_path / "a" / "tokenizer.model").read_bytes() == (tmp_path / "b" / "tokenizer.model").read_bytes()
     assert metas[0]["sample"]["sha256"] == metas[1]["sample"]["sha256"] != metas[2]["sample"]["sha256"]
-    p = run_cli("data_prep.train_tokenizer", "--input", *src, "--output", tmp_path / "a", "--vocab-size", 1000,
-                check=False)
+    p = run_cli(
+        "data_prep.train_tokenizer", "--input", *src, "--output", tmp_path / "a", "--vocab-size", 1000, check=False
+    )
     assert p.returncode == 2 and "already exists" in p.stderr
 
 
@@ -84,8 +97,12 @@ def test_preset_filters_the_sample(tmp_path, run_cli):
     with open(src, "w") as f:
         for i in range(300):
             for name in ("Books3", "Github", "OpenWebText2"):
-                f.write(json.dumps({"text": f"{name} document {i} " + "lorem ipsum dolor " * 20,
-                                    "meta": {"pile_set_name": name}}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"text": f"{name} document {i} " + "lorem ipsum dolor " * 20, "meta": {"pile_set_name": name}}
+                    )
+                    + "\n"
+                )
     _train(run_cli, [src], tmp_path / "tok", "--vocab-size", 300, "--preset", "pile-uncopyrighted")
     meta = json.loads((tmp_path / "tok" / "tokenizer_meta.json").read_text())
     assert list(meta["sample"]["sets"]) == ["Github"]
@@ -98,6 +115,7 @@ def test_reservoir_is_seeded_bounded_and_uniform():
         for i in range(5000):
             r.offer((0, i), b"x" * (50 + i % 100), None)
         return r
+
     a, b, c = sample(0), sample(0), sample(1)
     order = [o for o, _, _ in a.sample()]
     assert order == sorted(order) and order == [o for o, _, _ in b.sample()] != [o for o, _, _ in c.sample()]

@@ -1,5 +1,6 @@
 """The LEV layer on its own (TP = 1, no process group): basis, spline product, equality with the readable
 reference (tests/lev_reference.py), gradients, materialize / lookup, health, id checks."""
+
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leviathan_pretrain.config import load_config
+from leviathan_pretrain.model import BuildSettings
 from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.model.lev import LEVInput, lev_health
@@ -18,13 +20,27 @@ from tests.lev_reference import lev_reference_from_layer, quadratic_bspline_basi
 KNOTS = st.integers(min_value=3, max_value=24)
 
 
+def lev_input(cfg):
+    """The LEV layer alone: no process group (TP = 1), on the CPU."""
+    return LEVInput(
+        build_transformer_config(cfg.model, BuildSettings.from_parallel(cfg.parallel, device="cpu")), cfg.model
+    )
+
+
 def make_layer(vocab=1000, hidden=48, seed=0, **lev):
-    over = [f"model.vocab_size={vocab}", f"model.hidden_size={hidden}", "model.num_attention_heads=4",
-            "model.lev.seed_dim=16", "model.lev.heads=4", "model.lev.knots=7", "model.lev.rank=8"]
+    over = [
+        f"model.vocab_size={vocab}",
+        f"model.hidden_size={hidden}",
+        "model.num_attention_heads=4",
+        "model.lev.seed_dim=16",
+        "model.lev.heads=4",
+        "model.lev.knots=7",
+        "model.lev.rank=8",
+    ]
     over += [f"model.lev.{k}={v}" for k, v in lev.items()]
     cfg = load_config(None, over)
     torch.manual_seed(seed)
-    return LEVInput(build_transformer_config(cfg, "cpu"), cfg.model)
+    return lev_input(cfg)
 
 
 # -- the quadratic B-spline basis -----------------------------------------------------------------
@@ -49,8 +65,8 @@ def test_basis_is_c1_continuous(knots, data):
     u = torch.tensor([u0 - h, u0, u0 + h], dtype=torch.float64).clamp(0, 1)
     B = dense_basis(u, knots)
     left, right = (B[1] - B[0]) / (u[1] - u[0]), (B[2] - B[1]) / (u[2] - u[1])
-    assert (B[2] - B[0]).abs().max() < 10 * knots * h                      # C0
-    assert (left - right).abs().max() < 50 * knots ** 2 * h                # C1 (second derivative bounded)
+    assert (B[2] - B[0]).abs().max() < 10 * knots * h  # C0
+    assert (left - right).abs().max() < 50 * knots**2 * h  # C1 (second derivative bounded)
 
 
 def test_basis_derivative_jumps_are_absent_but_would_be_caught():
@@ -61,7 +77,7 @@ def test_basis_derivative_jumps_are_absent_but_would_be_caught():
     u = torch.tensor([0.5 - h, 0.5, 0.5 + h], dtype=torch.float64)
     H = hat(u)
     jump = ((H[1] - H[0]) / h - (H[2] - H[1]) / h).abs().max()
-    assert jump > 50 * knots ** 2 * h
+    assert jump > 50 * knots**2 * h
 
 
 # -- the spline product ------------------------------------------------------------------------------
@@ -69,7 +85,7 @@ def test_basis_derivative_jumps_are_absent_but_would_be_caught():
 def test_spline_product_matches_dense_autograd_in_float64(recompute):
     g = torch.Generator().manual_seed(0)
     u = torch.rand(23, 3, 5, generator=g, dtype=torch.float64)
-    u[0, 0, :3] = torch.tensor([0.0, 1.0, 0.5])       # ends and a knot midpoint
+    u[0, 0, :3] = torch.tensor([0.0, 1.0, 0.5])  # ends and a knot midpoint
     S = 1 + 0.3 * torch.randn(3, 5, 6, 4, generator=g, dtype=torch.float64)
     u1, S1 = u.clone().requires_grad_(), S.clone().requires_grad_()
     M = spline_product(u1, S1, 1e-9, chunk=4, recompute=recompute)
@@ -92,7 +108,7 @@ def test_spline_product_gradcheck():
 
 
 def test_auto_chunk_bounds_the_block():
-    assert auto_chunk(8, 128, 64, 2 ** 22) == 64
+    assert auto_chunk(8, 128, 64, 2**22) == 64
     assert auto_chunk(8, 128, 64, 10) == 1
 
 
@@ -101,7 +117,7 @@ def test_auto_chunk_bounds_the_block():
 def test_lev_layer_equals_reference_forward_and_backward(recompute):
     layer = make_layer(token_chunk=5, recompute=recompute)
     ids = torch.tensor([[3, 999, 3, 0, 512, 77, 77, 640], [1, 2, 3, 4, 5, 6, 7, 999]])
-    out = layer(ids)                                                   # [s, b, D]
+    out = layer(ids)  # [s, b, D]
     ref = lev_reference_from_layer(layer, ids.t().reshape(-1)).view(out.shape)
     assert out.shape == (8, 2, 48)
     assert (out - ref).abs().max() < 1e-5
@@ -116,7 +132,7 @@ def test_lev_layer_equals_reference_forward_and_backward(recompute):
 def test_lev_default_hyperparameters_match_reference():
     cfg = load_config(None, ["model.vocab_size=50257", "model.hidden_size=256", "model.num_attention_heads=4"])
     torch.manual_seed(0)
-    layer = LEVInput(build_transformer_config(cfg, "cpu"), cfg.model)
+    layer = lev_input(cfg)
     assert (layer.base, layer.lev.seed_dim, layer.lev.heads, layer.lev.knots, layer.lev.rank) == (37, 128, 8, 16, 64)
     ids = torch.randint(0, 50257, (1, 40))
     out = layer(ids)
@@ -128,7 +144,7 @@ def test_every_codebook_row_used_by_the_batch_gets_gradient_and_no_other():
     layer = make_layer()
     ids = torch.tensor([[5, 17, 999, 123, 5]])
     layer(ids).pow(2).sum().backward()
-    grad = layer.codebooks.weight.grad                                 # [k, b, d]
+    grad = layer.codebooks.weight.grad  # [k, b, d]
     used = torch.zeros(grad.shape[:2], dtype=torch.bool)
     digits = layer.codebooks.digits_of(ids.reshape(-1))
     for j in range(layer.codebooks.digits):
@@ -140,9 +156,10 @@ def test_every_codebook_row_used_by_the_batch_gets_gradient_and_no_other():
 
 
 def test_digits_are_base_b_most_significant_first():
-    layer = make_layer(vocab=1000)                                      # b = 10, k = 3
+    layer = make_layer(vocab=1000)  # b = 10, k = 3
     assert layer.base == 10
-    assert layer.codebooks.digits_of(torch.tensor([0, 7, 42, 999])).tolist() == [[0, 0, 0], [0, 0, 7], [0, 4, 2], [9, 9, 9]]
+    digits = layer.codebooks.digits_of(torch.tensor([0, 7, 42, 999])).tolist()
+    assert digits == [[0, 0, 0], [0, 0, 7], [0, 4, 2], [9, 9, 9]]
 
 
 def test_materialize_equals_per_token_path_and_lookup_mode():
@@ -158,7 +175,7 @@ def test_materialize_equals_per_token_path_and_lookup_mode():
     assert (layer(ids) - out).abs().max() == 0
 
 
-@pytest.mark.parametrize("bad", [-1, 1000, 10 ** 6])
+@pytest.mark.parametrize("bad", [-1, 1000, 10**6])
 def test_out_of_range_ids_raise(bad):
     layer = make_layer(vocab=1000)
     with pytest.raises(TokenIdError, match=rf"token id {bad} is outside \[0, 1000\)"):
@@ -220,10 +237,17 @@ def test_bf16_parameters_keep_lev_accurate():
     outs = {}
     ids = torch.randint(0, 50257, (1, 64), generator=torch.Generator().manual_seed(1))
     for prec in ("fp32", "bf16"):
-        cfg = load_config(None, ["model.vocab_size=50257", "model.hidden_size=256", "model.num_attention_heads=4",
-                                 f"parallel.precision={prec}"])
+        cfg = load_config(
+            None,
+            [
+                "model.vocab_size=50257",
+                "model.hidden_size=256",
+                "model.num_attention_heads=4",
+                f"parallel.precision={prec}",
+            ],
+        )
         torch.manual_seed(0)
-        layer = LEVInput(build_transformer_config(cfg, "cpu"), cfg.model)
+        layer = lev_input(cfg)
         outs[prec] = layer(ids)
     assert layer.spline_delta.dtype == torch.bfloat16 and outs["bf16"].dtype == torch.bfloat16
     ref = outs["fp32"]

@@ -1,4 +1,5 @@
 """Monitoring: TensorBoard scalars read back with EventAccumulator, one writer rank, throughput/MFU math."""
+
 import math
 
 import pytest
@@ -6,9 +7,21 @@ import pytest
 from leviathan_pretrain.trainer.metrics import memory_stats, peak_flops, throughput, truncate_log
 from tests.workers.train_common import dp_tp_runs, records, workdir
 
-REQUIRED = ["train/loss", "train/perplexity", "train/lr", "train/grad_norm", "train/loss_scale",
-            "perf/tokens_per_s", "train/samples_consumed", "perf/step_time_s", "perf/tflops_per_device",
-            "memory/rss_gb", "valid/loss", "valid/perplexity", "lev/u_edge_frac"]
+REQUIRED = [
+    "train/loss",
+    "train/perplexity",
+    "train/lr",
+    "train/grad_norm",
+    "train/loss_scale",
+    "perf/tokens_per_s",
+    "train/samples_consumed",
+    "perf/step_time_s",
+    "perf/tflops_per_device",
+    "memory/rss_gb",
+    "valid/loss",
+    "valid/perplexity",
+    "lev/u_edge_frac",
+]
 
 
 def test_throughput_and_mfu_math():
@@ -18,6 +31,7 @@ def test_throughput_and_mfu_math():
     assert t["perf/mfu"] == pytest.approx(1.5e-3)
     assert "perf/mfu" not in throughput(tokens=1000, seconds=2.0, flops_per_token=6e6, world=2, peak=None)
     import torch
+
     assert memory_stats(torch.device("cpu"))["memory/rss_gb"] > 0.01
 
 
@@ -25,12 +39,17 @@ def test_peak_flops_is_known_or_absent(monkeypatch):
     """No MFU on a CPU (a guessed peak could give > 100% elsewhere) unless logging.peak_flops is set; GPUs by
     datasheet and precision; an unknown GPU gets none."""
     import torch
+
     cpu = torch.device("cpu")
     assert peak_flops(cpu, "fp32", None)[0] is None and "a CPU" in peak_flops(cpu, "fp32", None)[1]
     assert peak_flops(cpu, "fp32", 2e11) == (2e11, "logging.peak_flops")
-    for name, prec, want in (("NVIDIA H100 80GB HBM3", "bf16", 989e12), ("NVIDIA H200", "fp32", 67e12),
-                             ("NVIDIA H100 PCIe", "bf16", 756e12), ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
-                             ("NVIDIA GeForce RTX 4090", "bf16", None)):
+    for name, prec, want in (
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+        ("NVIDIA H200", "fp32", 67e12),
+        ("NVIDIA H100 PCIe", "bf16", 756e12),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+        ("NVIDIA GeForce RTX 4090", "bf16", None),
+    ):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None, n=name: n)
         assert peak_flops(torch.device("cuda", 0), prec, None)[0] == want, name
 
@@ -48,6 +67,7 @@ def test_tensorboard_scalars_from_tp2_run():
     """The TP=2 LEV run (log_interval=1): every scalar exists and is finite; LEV health covers the heads of
     both TP ranks; one event file (only the writer rank writes); a console line per log interval."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     runs = dp_tp_runs()
     tb = workdir() / "tp2" / "tensorboard"
     assert len(list(tb.glob("events.out.tfevents.*"))) == 1
@@ -64,8 +84,8 @@ def test_tensorboard_scalars_from_tp2_run():
     assert [e.step for e in ea.Scalars("valid/loss")] == [10, 20]
     loss = {r["step"]: r["loss"] for r in records("tp2") if "loss" in r}
     assert [e.value for e in ea.Scalars("train/loss")] == pytest.approx([loss[s] for s in range(1, 21)])
-    assert "perf/mfu" not in tags                       # a CPU run: no peak to divide by, so no MFU at all
+    assert "perf/mfu" not in tags  # a CPU run: no peak to divide by, so no MFU at all
     assert ea.Scalars("perf/tflops_per_device")[-1].value > 0 and ea.Scalars("train/samples_consumed")[-1].value == 160
     lines = [line for line in runs["outputs"][0].splitlines() if line.startswith("[train] step") and "tok/s" in line]
     assert len([line for line in lines if "loss" in line and "TFLOP/s" in line and "mfu" not in line]) >= 20
-    assert not any("tok/s" in line for line in runs["outputs"][1].splitlines())   # rank 1 prints nothing
+    assert not any("tok/s" in line for line in runs["outputs"][1].splitlines())  # rank 1 prints nothing

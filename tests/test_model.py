@@ -1,20 +1,22 @@
-"""The megatron-core GPT with every input variant, in-process on a world of 1 (gloo, TP = 1).
+"""The GPT on megatron-core layers with every input variant, in-process on a world of 1 (gloo, TP = 1).
 
-Training reduces the loss for every variant, stage blocks (pipe path) reproduce GPTModel, parameter
-counts equal the closed form (real and meta-device models), id checks, weight-decay groups, FLOPs."""
+Training reduces the loss for every variant, the PP = 1 model and the DeepSpeed pipeline are one assembly
+(same state dict, same loss), parameter counts equal the closed form (real and meta-device models), id
+checks, weight-decay groups, FLOPs, model errors."""
+
 import os
 
 import pytest
 import torch
 
 from leviathan_pretrain.config import VARIANTS, load_config
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import BuildSettings, ModelConfigError, lev_layer, sizes
 from leviathan_pretrain.model.accounting import model_flops_per_token, weight_decay_groups
+from leviathan_pretrain.model.assembly import build_model, masked_mean
 from leviathan_pretrain.model.attention import SDPACoreAttention
-from leviathan_pretrain.model.gpt import (build_input_layer, build_layer_spec, build_model, build_output_head,
-                                          build_rotary, build_transformer_config)
+from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
-from leviathan_pretrain.model.lev import lev_health
+from leviathan_pretrain.model.lev import LEVInput, lev_health
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
 
 B, S, V = 4, 32, 1000
@@ -22,11 +24,36 @@ RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def small(variant, *extra):
-    return load_config(None, [
-        f"model.variant={variant}", f"model.vocab_size={V}", "model.hidden_size=64", "model.num_layers=2",
-        "model.num_attention_heads=4", "model.num_query_groups=2", f"model.seq_length={S}",
-        "model.lev.seed_dim=16", "model.lev.heads=4", "model.lev.knots=6", "model.lev.rank=8",
-        "parallel.device=cpu", "parallel.precision=fp32", *extra])
+    return load_config(
+        None,
+        [
+            f"model.variant={variant}",
+            f"model.vocab_size={V}",
+            "model.hidden_size=64",
+            "model.num_layers=2",
+            "model.num_attention_heads=4",
+            "model.num_query_groups=2",
+            f"model.seq_length={S}",
+            "model.lev.seed_dim=16",
+            "model.lev.heads=4",
+            "model.lev.knots=6",
+            "model.lev.rank=8",
+            "parallel.device=cpu",
+            "parallel.precision=fp32",
+            *extra,
+        ],
+    )
+
+
+def settings(cfg, **over):
+    """``cfg.parallel`` with this world's tensor-parallel group (what trainer/engine.py passes)."""
+    from megatron.core import parallel_state as ps
+
+    return BuildSettings.from_parallel(cfg.parallel, tp_group=ps.get_tensor_model_parallel_group(), **over)
+
+
+def make(cfg, seed=None):
+    return build_model(cfg.model, settings(cfg), seed)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +81,10 @@ def batch(seed=0, vocab=V):
 def test_variant_builds_and_training_reduces_loss(world, variant):
     cfg = small(variant)
     seed_everything(1, world.device)
-    model = build_model(cfg)
+    model = make(cfg)
     x, y, pos = batch()
     logits = model(x, pos, None)
-    assert logits.shape == (B, S, 1024)                               # padded vocab, vocab-parallel shard
+    assert logits.shape == (B, S, 1024)  # padded vocab, vocab-parallel shard
     opt = torch.optim.AdamW(weight_decay_groups(model, 0.01), lr=3e-3)
     losses = []
     for _ in range(8):
@@ -73,20 +100,27 @@ def test_variant_builds_and_training_reduces_loss(world, variant):
 
 
 def test_tied_shares_the_input_table_with_the_head(world):
-    model = build_model(small("tied"))
-    assert model.output_layer.weight is None
-    assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
-    assert getattr(model.embedding.word_embeddings.weight, "is_embedding_or_output_parameter", False)
-    untied = build_model(small("untied"))
-    assert untied.output_layer.weight is not None
-    assert untied.output_layer.weight.data_ptr() != untied.embedding.word_embeddings.weight.data_ptr()
+    model = make(small("tied"))
+    table = model.input_layer.word_embeddings.weight
+    names = dict(model.named_parameters())
+    assert names["tied_modules.embed.embedding.word_embeddings.weight"] is table
+    assert not any("output_layer" in n for n in names)  # no head weight of its own
+    x, _, pos = batch()
+    with torch.no_grad():  # logits = final hidden @ table^T
+        h = (x, pos)
+        for f in model._funcs[:-1]:
+            h = f(h)
+        assert torch.equal(model(x, pos), (h @ table.t()).transpose(0, 1))
+    untied = make(small("untied"))
+    head = dict(untied.named_parameters())["4.output_layer.weight"]
+    assert head.data_ptr() != untied.input_layer.word_embeddings.weight.data_ptr()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_out_of_range_ids_raise_for_every_variant(world, variant):
-    model = build_model(small(variant))
+    model = make(small(variant))
     x, y, pos = batch()
-    for bad in (-3, V, 1023):                                          # 1023 is a padded row: still invalid
+    for bad in (-3, V, 1023):  # 1023 is a padded row: still invalid
         x2 = x.clone()
         x2[1, 5] = bad
         with pytest.raises(TokenIdError, match=str(bad)):
@@ -94,68 +128,73 @@ def test_out_of_range_ids_raise_for_every_variant(world, variant):
 
 
 @pytest.mark.parametrize("variant", ["lev", "tied", "albert"])
-def test_pipeline_stage_blocks_reproduce_gptmodel(world, variant):
-    """build_input_layer + TransformerLayers from build_layer_spec + build_output_head = GPTModel."""
-    from megatron.core.transformer.spec_utils import build_module
+def test_pp1_model_and_pipeline_are_one_assembly(world, variant, tmp_path):
+    """The PP = 1 model and the DeepSpeed PipelineModule (one stage) built from the same pieces and seed have
+    the same state dict (names and values, bitwise) and compute the same loss; the pipeline's checkpoint files
+    hold the same keys, piece by piece (TIED: the shared table with piece 0)."""
+    import deepspeed
+
+    from leviathan_pretrain.trainer.pipe import build_pipeline
+
+    deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
     cfg = small(variant)
-    seed_everything(2, world.device)
-    model = build_model(cfg)
-    tconfig = build_transformer_config(cfg)
-    first = build_input_layer(cfg, tconfig)
-    layers = [build_module(build_layer_spec(cfg), config=tconfig, layer_number=i + 1) for i in range(2)]
-    head = build_output_head(cfg, tconfig)
-    rotary = build_rotary(cfg, tconfig)
-    first.load_state_dict(model.embedding.state_dict())
-    for layer, ref in zip(layers, model.decoder.layers):
-        layer.load_state_dict(ref.state_dict())
-    head.final_layernorm.load_state_dict(model.decoder.final_layernorm.state_dict())
-    if variant != "tied":
-        head.output_layer.load_state_dict(model.output_layer.state_dict())
+    model = make(cfg, seed=5)
+    pipe, pipe_loss = build_pipeline(cfg.model, settings(cfg), stages=1, data_parallel=1, seed=5)
+    ours, theirs = model.state_dict(), pipe.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours if torch.is_tensor(ours[k]))
+    tied_key = "tied_modules.embed.embedding.word_embeddings.weight"
+    assert ("0.embedding.codebooks.weight" in ours) == (variant == "lev") and (tied_key in ours) == (variant == "tied")
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    pipe.checkpoint_parallel_write_pipeline = False  # (the pipeline engine sets it)
+    pipe.save_state_dict(str(tmp_path), TorchCheckpointEngine())
+    files = {
+        f"{int(f.name[6:8])}.{k}": v
+        for f in tmp_path.glob("layer_*-model_states.pt")
+        for k, v in torch.load(f, weights_only=True).items()
+    }
+    assert set(files) == {k.replace("tied_modules.embed.", "0.") for k in ours}
     x, y, pos = batch(1)
+    mask = torch.ones_like(y)
     with torch.no_grad():
-        h = first(x)
-        emb = rotary(S)
-        for layer in layers:
-            h, _ = layer(h, attention_mask=None, rotary_pos_emb=emb)
-        weight = first.word_embeddings.weight if variant == "tied" else None
-        logits = head(h, weight=weight)
-        loss = head.loss(logits, y)
-        ref = model(x, pos, None, labels=y)
-    assert logits.shape == (S, B, 1024)
-    assert torch.allclose(loss, ref, atol=1e-6)
+        logits = pipe((x, pos))
+        assert logits.shape == (S, B, 1024)
+        assert torch.equal(pipe_loss(logits, (y, mask)), masked_mean(model(x, pos, labels=y), mask))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_param_count_closed_form_equals_real_model(world, variant):
-    model = build_model(small(variant))
+    model = make(small(variant))
     counts = sizes.param_breakdown(small(variant).model)
     real = sum(p.numel() for p in model.parameters())
     assert real == counts["total"]
-    assert sum(p.numel() for p in model.embedding.parameters()) == counts["input"]
+    assert sum(p.numel() for p in model.input_layer.parameters()) == counts["input"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_param_count_at_paper_scale_on_meta_device(world, variant):
-    cfg = load_config("configs/1.2b-tied.yaml", [f"model.variant={variant}", "parallel.device=cpu",
-                                                 "parallel.precision=fp32"])
+    cfg = load_config(
+        "configs/1.2b-tied.yaml", [f"model.variant={variant}", "parallel.device=cpu", "parallel.precision=fp32"]
+    )
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = make(cfg)
     assert sum(p.numel() for p in model.parameters()) == sizes.param_breakdown(cfg.model)["total"]
 
 
 def test_weight_decay_groups(world):
-    model = build_model(small("lev"))
+    model = make(small("lev"))
     decay, no_decay = weight_decay_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     skipped = {names[id(p)] for p in no_decay["params"]}
-    assert "embedding.codebooks.weight" in skipped
-    assert {"embedding.spline_delta", "embedding.ln_weight", "embedding.ln_bias"} <= skipped
-    assert "decoder.final_layernorm.weight" in skipped
-    assert {"embedding.proj", "embedding.out_proj", "output_layer.weight"} <= decayed
+    assert "0.embedding.codebooks.weight" in skipped
+    assert {"0.embedding.spline_delta", "0.embedding.ln_weight", "0.embedding.ln_bias"} <= skipped
+    assert "3.final_layernorm.weight" in skipped  # pieces: input, 2 layers, norm, head
+    assert {"0.embedding.proj", "0.embedding.out_proj", "4.output_layer.weight"} <= decayed
     assert any("linear_qkv.weight" in n for n in decayed)
     decay2, _ = weight_decay_groups(model, 0.1, decay_lev_codebooks=True)
-    assert "embedding.codebooks.weight" in {names[id(p)] for p in decay2["params"]}
+    assert "0.embedding.codebooks.weight" in {names[id(p)] for p in decay2["params"]}
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
@@ -169,11 +208,13 @@ def test_model_flops_per_token():
     assert f == 6 * (n["body"] - norms + n["input"]) + 6 * m.num_layers * m.hidden_size * m.seq_length
     lev = load_config("configs/1.2b-lev.yaml")
     extra = model_flops_per_token(lev, unique_ratio=0.5) - f
-    assert 0 < extra < 1e-3 * f                                       # LEV's own FLOPs are tiny at scale
+    assert 0 < extra < 1e-3 * f  # LEV's own FLOPs are tiny at scale
 
 
 def test_lev_health_through_the_model(world):
-    model = build_model(small("lev"))
+    model = make(small("lev"))
+    assert isinstance(lev_layer(model), LEVInput) and lev_layer(model) is model.input_layer
+    assert lev_layer(make(small("tied"))) is None
     x, y, pos = batch()
     model(x, pos, None, labels=y)
     stats = lev_health(model)
@@ -183,34 +224,46 @@ def test_lev_health_through_the_model(world):
 
 def test_sdpa_core_attention_matches_causal_softmax_with_gqa(world):
     from megatron.core.transformer.enums import AttnMaskType
-    tconfig = build_transformer_config(small("lev"))
+
+    tconfig = build_transformer_config(small("lev").model, BuildSettings(device="cpu"))
     attn = SDPACoreAttention(tconfig, layer_number=1, attn_mask_type=AttnMaskType.causal)
     g = torch.Generator().manual_seed(0)
     s, b, heads, groups, dim = 6, 2, 4, 2, 16
     q, k, v = (torch.randn(s, b, n, dim, generator=g) for n in (heads, groups, groups))
     out = attn(q, k, v, None)
     kk, vv = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
-    scores = torch.einsum("sbhd,tbhd->bhst", q, kk) / dim ** 0.5
+    scores = torch.einsum("sbhd,tbhd->bhst", q, kk) / dim**0.5
     scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
     ref = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), vv).reshape(s, b, heads * dim)
     assert out.shape == (s, b, heads * dim)
     assert torch.allclose(out, ref, atol=1e-5)
 
 
-def test_build_model_refuses_mismatched_parallel_state(world):
+def test_model_errors(world):
+    """Settings that do not match the process group, or a model this device cannot run, raise
+    ModelConfigError (a ValueError naming the setting); the trainer reports it as a config error."""
     from leviathan_pretrain.config import ConfigError
-    with pytest.raises(ConfigError, match="parallel.tensor_parallel"):
-        build_model(small("lev", "parallel.tensor_parallel=2"))
-    with pytest.raises(ConfigError, match="parallel.pipeline_parallel"):
-        build_model(small("lev", "parallel.pipeline_parallel=2"))
+    from leviathan_pretrain.trainer.engine import build_module
+
+    with pytest.raises(ModelConfigError, match="parallel.tensor_parallel=2 but the tensor-parallel group"):
+        settings(small("lev", "parallel.tensor_parallel=2"))
+    bad = small("lev", "model.attention_backend=megatron")
+    with pytest.raises(ModelConfigError, match="model.attention_backend"):
+        make(bad)
+    with pytest.raises(ConfigError, match="model.attention_backend"):
+        build_module(bad, torch.device("cpu"), 1)
+    assert issubclass(ModelConfigError, ValueError) and not issubclass(ModelConfigError, ConfigError)
 
 
 def test_gpu_initialises_megatron_layers_on_the_device():
     """On a GPU megatron-core must not build full V x D master tables on every rank's CPU (1.6 GB twice at
     V=200k): use_cpu_initialization is on only for CPU runs or parallel.init_on_cpu (TP=N == TP=1 weights)."""
-    from leviathan_pretrain.model import build_transformer_config
+
+    def tconfig(cfg, device):
+        return build_transformer_config(cfg.model, BuildSettings.from_parallel(cfg.parallel, device=device))
+
     cfg = load_config("configs/400m-lev.yaml", ["parallel.precision=bf16"])
-    assert build_transformer_config(cfg, "cuda").use_cpu_initialization is False
-    assert build_transformer_config(cfg, "cpu").use_cpu_initialization is True
+    assert tconfig(cfg, "cuda").use_cpu_initialization is False
+    assert tconfig(cfg, "cpu").use_cpu_initialization is True
     on_cpu = load_config("configs/400m-lev.yaml", ["parallel.init_on_cpu=true"])
-    assert build_transformer_config(on_cpu, "cuda").use_cpu_initialization is True
+    assert tconfig(on_cpu, "cuda").use_cpu_initialization is True

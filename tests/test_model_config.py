@@ -1,4 +1,5 @@
 """Invalid model configs fail at load with a message naming the field."""
+
 import warnings
 
 import pytest
@@ -6,19 +7,32 @@ import pytest
 from leviathan_pretrain.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize("over, key", [
-    (["model.vocab_size=200019", "model.lev.base=50"], "model.lev.base"),                 # 50**3 < 200019
-    (["model.variant=factored_mlp", "model.vocab_size=1001", "model.lev.base=10"], "model.lev.base"),
-    (["model.lev.digits=2", "model.lev.base=100", "model.vocab_size=10001"], "model.lev.base"),
-    (["model.lev.knots=2"], "model.lev.knots"),
-    (["model.variant=dense"], "model.variant"),
-    (["model.lev.heads=6", "parallel.tensor_parallel=4", "model.num_attention_heads=8", "model.hidden_size=256"],
-     "model.lev.heads"),
-    (["model.variant=factored_mlp", "model.mlp_hidden=30", "parallel.tensor_parallel=4",
-      "model.num_attention_heads=8", "model.hidden_size=256"], "model.mlp_hidden"),
-    (["model.lev.token_chunk=0"], "model.lev.token_chunk"),
-    (["model.attention_backend=flash"], "model.attention_backend"),
-])
+@pytest.mark.parametrize(
+    "over, key",
+    [
+        (["model.vocab_size=200019", "model.lev.base=50"], "model.lev.base"),  # 50**3 < 200019
+        (["model.variant=factored_mlp", "model.vocab_size=1001", "model.lev.base=10"], "model.lev.base"),
+        (["model.lev.digits=2", "model.lev.base=100", "model.vocab_size=10001"], "model.lev.base"),
+        (["model.lev.knots=2"], "model.lev.knots"),
+        (["model.variant=dense"], "model.variant"),
+        (
+            ["model.lev.heads=6", "parallel.tensor_parallel=4", "model.num_attention_heads=8", "model.hidden_size=256"],
+            "model.lev.heads",
+        ),
+        (
+            [
+                "model.variant=factored_mlp",
+                "model.mlp_hidden=30",
+                "parallel.tensor_parallel=4",
+                "model.num_attention_heads=8",
+                "model.hidden_size=256",
+            ],
+            "model.mlp_hidden",
+        ),
+        (["model.lev.token_chunk=0"], "model.lev.token_chunk"),
+        (["model.attention_backend=flash"], "model.attention_backend"),
+    ],
+)
 def test_bad_model_config_names_the_field(over, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, over)
@@ -27,11 +41,13 @@ def test_bad_model_config_names_the_field(over, key):
 @pytest.fixture(scope="module")
 def spm_model(tmp_path_factory):
     import sentencepiece as spm
+
     d = tmp_path_factory.mktemp("spm")
     text = d / "corpus.txt"
     text.write_text("\n".join(f"the quick brown fox {i} jumps over the lazy dog {i * 7}" for i in range(300)))
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(d / "tok"), vocab_size=60,
-                                   model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(d / "tok"), vocab_size=60, model_type="bpe", minloglevel=2
+    )
     return d / "tok.model"
 
 

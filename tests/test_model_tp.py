@@ -2,6 +2,7 @@
 
 One 2-rank gloo launch (tests/workers/model_tp.py) builds every variant twice from the same seed: first
 with the two processes as TP = 1 (DP = 2) replicas, then with the same process group re-split as TP = 2."""
+
 import json
 
 import pytest
@@ -13,8 +14,9 @@ from tests.multiproc import run_ranks
 @pytest.fixture(scope="module")
 def tp_results():
     res = run_ranks(["tests/workers/model_tp.py", ",".join(VARIANTS)], nprocs=2, timeout=300)
-    out = [json.loads(line[len("RESULT "):]) for r in res for line in r.output.splitlines()
-           if line.startswith("RESULT ")]
+    out = [
+        json.loads(line[len("RESULT ") :]) for r in res for line in r.output.splitlines() if line.startswith("RESULT ")
+    ]
     assert sorted(o["rank"] for o in out) == [0, 1]
     return out
 
@@ -27,7 +29,7 @@ def test_tp2_equals_tp1(tp_results, variant):
         assert r["logits"] < 1e-5, r
         assert r["loss"] < 1e-5, r
         assert r["grad"] < 1e-5, r
-        assert r["grad_scale"] > 1e-3                 # the gradients compared are not all zero
+        assert r["grad_scale"] > 1e-3  # the gradients compared are not all zero
         assert r["n_params"] >= 14
 
 
@@ -35,8 +37,8 @@ def test_tp2_equals_tp1(tp_results, variant):
 def test_tp_attributes_on_self_sharded_parameters(tp_results):
     attrs = tp_results[0]["lev"]["tp_attrs"]
     assert all(attrs[n] for n in ("proj", "ln_weight", "ln_bias", "spline_delta", "out_proj"))
-    assert attrs["codebooks.weight"] is False           # replicated: full gradient, counted once
-    assert tp_results[0]["lev"]["full_params"] == 0.0   # full_parameters() gathers the shards back exactly
+    assert attrs["codebooks.weight"] is False  # replicated: full gradient, counted once
+    assert tp_results[0]["lev"]["full_params"] == 0.0  # full_parameters() gathers the shards back exactly
     for v in ("flat_mlp", "factored_mlp"):
         a = tp_results[0][v]["tp_attrs"]
         assert a["fc1"] and a["fc2"] and not a["ln_weight"]

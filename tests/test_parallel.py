@@ -1,4 +1,5 @@
 """Rank discovery and process groups (real gloo collectives on 2 local processes)."""
+
 import json
 import shutil
 import subprocess
@@ -12,27 +13,32 @@ from tests.multiproc import REPO, base_env, run_ranks
 
 
 def _results(outputs):
-    return sorted((json.loads(line[len("RESULT "):]) for o in outputs for line in o.splitlines()
-                   if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    return sorted(
+        (json.loads(line[len("RESULT ") :]) for o in outputs for line in o.splitlines() if line.startswith("RESULT ")),
+        key=lambda r: r["rank"],
+    )
 
 
 def test_discover_from_torchrun_and_slurm_and_single():
     env = discover_rank_env({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert env == {"LOCAL_RANK": "3"}
-    env = discover_rank_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
-                             "MASTER_ADDR": "node1", "SLURM_JOB_ID": "42"})
+    env = discover_rank_env(
+        {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "MASTER_ADDR": "node1", "SLURM_JOB_ID": "42"}
+    )
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("1", "2", "1", "29542")
     with pytest.raises(RuntimeError, match="MASTER_ADDR"):
         discover_rank_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
-    env = discover_rank_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7",
-                             "SLURM_JOB_NODELIST": "gpu[017-018],login1"})
-    assert env["MASTER_ADDR"] == "gpu017"           # the first node of the job, not our own name's resolution
+    env = discover_rank_env(
+        {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[017-018],login1"}
+    )
+    assert env["MASTER_ADDR"] == "gpu017"  # the first node of the job, not our own name's resolution
     env = discover_rank_env({})
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "1", "127.0.0.1")
 
 
 def test_gpu_only_options_fail_clearly_on_cpu():
     import torch
+
     for kw, key in (({"precision": "fp16"}, "precision"), ({"backend": "nccl"}, "backend")):
         with pytest.raises(ConfigError, match=key):
             check_gpu_only_options(ParallelConfig(**kw), torch.device("cpu"))
@@ -57,9 +63,24 @@ def test_mpi_discovery_under_mpirun():
     env = base_env()
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable,
-                           "tests/workers/parallel_smoke.py", "1", "1"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            mpirun,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            "2",
+            sys.executable,
+            "tests/workers/parallel_smoke.py",
+            "1",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = _results([proc.stdout])
     assert [(r["rank"], r["world"], r["dp_size"], r["tp_sum"]) for r in res] == [(0, 2, 2, 1.0), (1, 2, 2, 2.0)]
@@ -67,6 +88,7 @@ def test_mpi_discovery_under_mpirun():
 
 def test_slurm_hostlist_expansion():
     from leviathan_pretrain.parallel import expand_hostlist
+
     assert expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
     assert expand_hostlist("n1") == ["n1"]
     assert expand_hostlist("r[1-2]n[08-09]-ib") == ["r1n08-ib", "r1n09-ib", "r2n08-ib", "r2n09-ib"]
@@ -80,6 +102,7 @@ def test_mpi_master_address_never_resolves_our_own_hostname():
     """One node: loopback. Several: the job's first SLURM node when rank 0 is there, else rank 0's processor
     name (resolved by the other nodes) - never gethostbyname(gethostname()), often 127.0.1.1 on clusters."""
     from leviathan_pretrain.parallel import _mpi_rank0_address
+
     assert _mpi_rank0_address({}, None, ["n1", "n1"]) == "127.0.0.1"
     assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, None, ["n1.cluster", "n2.cluster"]) == "n1"
     assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, None, ["n2", "n1"]) == "n2"

@@ -1,8 +1,8 @@
 """Configs and parameter counts: the 24 config files, the params CLI, the paper's ratios at V = 200k."""
+
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -38,7 +38,7 @@ def test_untied_is_about_plus_50_percent_at_400m():
     tied = counts("configs/400m-tied.yaml", V200K)["total"]
     untied = counts("configs/400m-untied.yaml", V200K)["total"]
     assert 0.38e9 < tied < 0.42e9
-    assert abs(untied - 611e6) / 611e6 < 0.02                   # the paper's 611M
+    assert abs(untied - 611e6) / 611e6 < 0.02  # the paper's 611M
     assert 1.45 < untied / tied < 1.55
 
 
@@ -62,24 +62,45 @@ def test_params_cli_json_has_exactly_the_four_keys(capsys):
 
 
 def test_params_cli_as_a_module_with_overrides():
-    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/400m-tied.yaml",
-                           "model.vocab_size=50257"], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "leviathan_pretrain.params",
+            "--config",
+            "configs/400m-tied.yaml",
+            "model.vocab_size=50257",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "head" in proc.stdout and "vocab_size=50257" in proc.stdout
 
 
 def test_params_cli_does_not_import_torch_or_megatron():
-    code = ("import sys; from leviathan_pretrain.params import main; main(['--config', 'configs/1.2b-lev.yaml', "
-            "'--json']); assert 'torch' not in sys.modules and 'megatron' not in sys.modules")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "import sys; from leviathan_pretrain.params import main; main(['--config', 'configs/1.2b-lev.yaml', "
+        "'--json']); assert 'torch' not in sys.modules and 'megatron' not in sys.modules"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_params_cli_reports_config_errors():
-    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/1.2b-lev.yaml",
-                           "model.lev.knots=2"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/1.2b-lev.yaml", "model.lev.knots=2"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "model.lev.knots" in proc.stderr
 
 

@@ -1,5 +1,6 @@
 """The trainer end to end on CPU/gloo: parallel layouts reproduce the single-process loss trajectory,
 non-finite steps are skipped and counted, divergence stops the run, and the CLI fails clearly."""
+
 import math
 import subprocess
 import sys
@@ -9,10 +10,20 @@ import torch
 
 from leviathan_pretrain.trainer.checkpoint import safe_load
 from tests.multiproc import REPO, base_env
-from tests.workers.train_common import (CONFIG, dp_tp_runs, events, four_process_runs, losses, overrides, pipe_runs,
-                                        records, single_process_runs, workdir)
+from tests.workers.train_common import (
+    CONFIG,
+    dp_tp_runs,
+    events,
+    four_process_runs,
+    losses,
+    overrides,
+    pipe_runs,
+    records,
+    single_process_runs,
+    workdir,
+)
 
-TOL = 2e-4     # observed <= 1e-6: only the order of floating-point sums differs
+TOL = 2e-4  # observed <= 1e-6: only the order of floating-point sums differs
 GN_TOL = 1e-3  # relative, per step
 
 
@@ -37,7 +48,8 @@ def assert_matches_and_falls(name, ref):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["dp2_z0", "dp2_z1", "dp2_z2", "dp2_z2_full", "dp2_z3", "tp2"])
 def test_dp_zero_and_tp_match_single_process(name):
-    """DP=2 with ZeRO 0/1/2/3 and TP=2 (2 processes) follow the 1-process megatron-core GPTModel run."""
+    """DP=2 with ZeRO 0/1/2/3 and TP=2 (2 processes) follow the 1-process run (the PP = 1 model of
+    model/assembly.py)."""
     single_process_runs()
     runs = dp_tp_runs()
     assert set(runs["codes"][name].values()) <= {0, 75}
@@ -51,8 +63,11 @@ def test_dp_zero_and_tp_match_single_process(name):
 @pytest.mark.multiproc
 def test_batch_sizes_must_fit_the_data_parallel_size():
     errors = dp_tp_runs()["errors"]["bad_batch"]
-    assert errors == {r: "ConfigError: train.global_batch_size: 6 is not a multiple of train.micro_batch_size x "
-                         "data-parallel size = 2 x 2" for r in (0, 1)}
+    assert errors == {
+        r: "ConfigError: train.global_batch_size: 6 is not a multiple of train.micro_batch_size x "
+        "data-parallel size = 2 x 2"
+        for r in (0, 1)
+    }
 
 
 @pytest.mark.multiproc
@@ -91,6 +106,7 @@ def test_non_finite_steps_are_skipped_and_counted():
     # a skipped step consumes no LR step: the schedule index is the number of updates applied so far
     from leviathan_pretrain.config import load_config
     from leviathan_pretrain.trainer.schedule import lr_at
+
     cfg = load_config(CONFIG, overrides("nan_skip", "train.steps=8"))
     assert [r["lr"] for r in recs] == [lr_at(i, cfg.optim, 8) for i in (0, 1, 2, 2, 2, 3, 4, 5)]
     assert all(math.isnan(r["loss"]) for r in recs[2:4]) and all(math.isfinite(r["loss"]) for r in recs[4:])
@@ -106,22 +122,45 @@ def test_skipped_step_leaves_weights_untouched():
     """Checkpoints around the skipped steps 3-4 (ZeRO 0 fp32: the explicit check): weights equal bitwise."""
     single_process_runs()
     ck = workdir() / "nan_skip" / "checkpoints"
-    states = [{k: v for k, v in safe_load(ck / f"global_step{s}/mp_rank_00_model_states.pt")["module"].items()
-               if torch.is_tensor(v)} for s in (2, 3, 4, 5)]
+    states = [
+        {
+            k: v
+            for k, v in safe_load(ck / f"global_step{s}/mp_rank_00_model_states.pt")["module"].items()
+            if torch.is_tensor(v)
+        }
+        for s in (2, 3, 4, 5)
+    ]
     assert len(states[0]) > 10
-    assert all((states[0][k] == states[i][k]).all() for k in states[0] for i in (1, 2))   # 3, 4 skipped
-    assert any(not (states[2][k] == states[3][k]).all() for k in states[2])              # 5 applied
+    assert all((states[0][k] == states[i][k]).all() for k in states[0] for i in (1, 2))  # 3, 4 skipped
+    assert any(not (states[2][k] == states[3][k]).all() for k in states[2])  # 5 applied
 
 
 @pytest.mark.multiproc
 def test_divergence_stops_without_saving(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.train", "--config", CONFIG,
-                           *overrides("unused", "train.steps=10", "train.eval_interval=0",
-                                      "train.inject_nan_steps=[3,4,5]", "train.max_bad_steps=3",
-                                      "parallel.zero_stage=0", "checkpoint.save_interval=1", "checkpoint.keep_last=9",
-                                      f"train.out_dir={out}")],
-                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "tests/workers/train_faults.py",
+            "--config",
+            CONFIG,
+            *overrides(
+                "unused",
+                "train.steps=10",
+                "train.eval_interval=0",
+                "train.max_bad_steps=3",
+                "parallel.zero_stage=0",
+                "checkpoint.save_interval=1",
+                "checkpoint.keep_last=9",
+                f"train.out_dir={out}",
+            ),
+        ],
+        cwd=REPO,
+        env=base_env({"LEV_TEST_NAN_STEPS": "3,4,5"}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: step 5: 3 consecutive non-finite steps"), last
@@ -132,9 +171,10 @@ def test_divergence_stops_without_saving(tmp_path):
 def test_lr_schedule_warmup_cosine_floor():
     from leviathan_pretrain.config import OptimConfig
     from leviathan_pretrain.trainer.schedule import lr_at
+
     o = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
-    assert [lr_at(s, o, 110) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])      # linear warmup
-    assert lr_at(60, o, 110) == pytest.approx(0.55)                                      # cosine midpoint
+    assert [lr_at(s, o, 110) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])  # linear warmup
+    assert lr_at(60, o, 110) == pytest.approx(0.55)  # cosine midpoint
     assert lr_at(110, o, 110) == pytest.approx(0.1) and lr_at(500, o, 110) == pytest.approx(0.1)  # floor
     assert all(lr_at(s, o, 110) >= lr_at(s + 1, o, 110) for s in range(9, 120))
     lin = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0, decay_style="linear", decay_steps=50)
@@ -144,9 +184,10 @@ def test_lr_schedule_warmup_cosine_floor():
 def test_stage0_optimizer_clips_and_skips_non_finite():
     """ZeRO 0 in fp32 (DeepSpeed hands grads straight to the optimizer): clip to the global norm, skip NaN."""
     from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
+
     w = torch.nn.Parameter(torch.ones(4))
     opt = AdamWSkipNonFinite([w], clip_grad=1.0, lr=0.1, foreach=False)
-    w.grad = torch.full((4,), 5.0)                      # norm 10
+    w.grad = torch.full((4,), 5.0)  # norm 10
     opt.step()
     assert not opt.overflow and opt._global_grad_norm == pytest.approx(10.0)
     assert w.grad.norm().item() == pytest.approx(1.0, rel=1e-4) and (w.data < 1).all()
@@ -154,7 +195,7 @@ def test_stage0_optimizer_clips_and_skips_non_finite():
     w.grad = torch.tensor([1.0, float("nan"), 0.0, 0.0])
     opt.step()
     assert opt.overflow and torch.equal(w.data, before) and w.grad is None
-    assert opt.state[w]["step"].item() == 1                # the skipped step left Adam's state alone
+    assert opt.state[w]["step"].item() == 1  # the skipped step left Adam's state alone
 
 
 def test_stop_conditions():
@@ -166,36 +207,47 @@ def test_stop_conditions():
     import torch.distributed as dist
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import free_port
-    from leviathan_pretrain.trainer.faults import StopSignals
-    from leviathan_pretrain.trainer.loop import stop_requested
+    from leviathan_pretrain.ports import free_port
+    from leviathan_pretrain.trainer.faults import StopSignals, stop_requested
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         cfg = load_config(CONFIG, ["train.exit_at_step=5"])
         sig = StopSignals().install()
         try:
             now = time.monotonic()
-            assert stop_requested(cfg, sig, 4, now, torch.device("cpu")) is None
-            assert stop_requested(cfg, sig, 5, now, torch.device("cpu")) == "exit_at_step"
+            assert stop_requested(cfg.train, sig, 4, now, torch.device("cpu")) is None
+            assert stop_requested(cfg.train, sig, 5, now, torch.device("cpu")) == "exit_at_step"
             os.kill(os.getpid(), signal.SIGUSR1)
-            assert sig.received == signal.SIGUSR1 and stop_requested(cfg, sig, 1, now, torch.device("cpu")) == "signal"
+            assert (
+                sig.received == signal.SIGUSR1
+                and stop_requested(cfg.train, sig, 1, now, torch.device("cpu")) == "signal"
+            )
         finally:
             sig.uninstall()
         cfg = load_config(CONFIG, ["train.exit_after_minutes=0.5"])
-        assert stop_requested(cfg, StopSignals(), 1, time.monotonic() - 29, torch.device("cpu")) is None
-        assert stop_requested(cfg, StopSignals(), 1, time.monotonic() - 31, torch.device("cpu")) == "exit_after_minutes"
+        assert stop_requested(cfg.train, StopSignals(), 1, time.monotonic() - 29, torch.device("cpu")) is None
+        assert (
+            stop_requested(cfg.train, StopSignals(), 1, time.monotonic() - 31, torch.device("cpu"))
+            == "exit_after_minutes"
+        )
     finally:
         dist.destroy_process_group()
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=base_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_help_everywhere():
-    for cmd in (["-m", "leviathan_pretrain.train"], ["launchers/local.py"], ["-m", "leviathan_pretrain.demo"],
-                ["benchmarks/bench_train.py"]):
+    for cmd in (
+        ["-m", "leviathan_pretrain.train"],
+        ["launchers/local.py"],
+        ["-m", "leviathan_pretrain.demo"],
+        ["benchmarks/bench_train.py"],
+    ):
         proc = run_cli(*cmd, "--help")
         assert proc.returncode == 0 and "usage:" in proc.stdout, (cmd, proc.stderr)
     assert "exit codes" in run_cli("-m", "leviathan_pretrain.train", "--help").stdout
@@ -210,8 +262,14 @@ def test_bad_config_is_one_line_naming_the_key():
 @pytest.mark.multiproc
 def test_missing_shard_fails_before_training(tmp_path):
     missing = str(tmp_path / "nope")
-    proc = run_cli("-m", "leviathan_pretrain.train", "--config", CONFIG,
-                   *overrides("unused", f"data.prefixes=[{missing}]", f"train.out_dir={tmp_path / 'o'}"), timeout=240)
+    proc = run_cli(
+        "-m",
+        "leviathan_pretrain.train",
+        "--config",
+        CONFIG,
+        *overrides("unused", f"data.prefixes=[{missing}]", f"train.out_dir={tmp_path / 'o'}"),
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"error: data shard {missing}: {missing}.idx does not exist"
     assert not (tmp_path / "o" / "train_log.jsonl").exists()
@@ -223,14 +281,37 @@ def test_real_shards_tp2_with_held_out_set(tmp_path, minipile_shards, tokenizer_
     held-out set as data.valid_prefixes; the tokenizer checksum lands in the checkpoint."""
     import hashlib
     import json
+
     out = tmp_path / "run"
     over = [o for o in overrides("unused") if not o.startswith(("data.prefixes", "model.vocab_size", "data.split"))]
-    proc = subprocess.run([sys.executable, "launchers/local.py", "-n", "2", "--", "-m", "leviathan_pretrain.train",
-                           "--config", CONFIG, *over, "model.vocab_size=8000", f"data.prefixes=[{minipile_shards['train']}]",
-                           f"data.valid_prefixes=[{minipile_shards['val']}]", f"data.tokenizer={tokenizer_model}",
-                           "parallel.tensor_parallel=2", "train.steps=8", "train.eval_interval=4", "train.eval_iters=1",
-                           f"train.out_dir={out}"],
-                          cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "launchers/local.py",
+            "-n",
+            "2",
+            "--",
+            "-m",
+            "leviathan_pretrain.train",
+            "--config",
+            CONFIG,
+            *over,
+            "model.vocab_size=8000",
+            f"data.prefixes=[{minipile_shards['train']}]",
+            f"data.valid_prefixes=[{minipile_shards['val']}]",
+            f"data.tokenizer={tokenizer_model}",
+            "parallel.tensor_parallel=2",
+            "train.steps=8",
+            "train.eval_interval=4",
+            "train.eval_iters=1",
+            f"train.out_dir={out}",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     loss = [r["loss"] for r in recs if "loss" in r]

@@ -1,5 +1,6 @@
 """launchers/local.py: rank variables, failure of one rank stops the rest, exit code propagation, and the
 GPU check script's CPU dry mode (benchmarks/gpu_check.sh --dry)."""
+
 import subprocess
 import sys
 import time
@@ -8,14 +9,25 @@ import pytest
 
 from tests.multiproc import REPO, base_env
 
-CHILD = ("import os, sys, time; r = int(os.environ['RANK']); "
-         "print('RANKVARS', r, os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], os.environ['MASTER_PORT'], flush=True); "
-         "sys.exit(int(sys.argv[1])) if r == 1 else time.sleep(float(sys.argv[2]))")
+# One write(2) per line: the ranks share the launcher's stdout, and unbuffered print() writes a line's text and
+# its newline separately, so lines of different ranks could interleave.
+CHILD = (
+    "import os, sys, time; r = int(os.environ['RANK']); "
+    "v = [str(r)] + [os.environ[k] for k in ('WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT')]; "
+    "os.write(1, ('RANKVARS ' + ' '.join(v) + chr(10)).encode()); "
+    "sys.exit(int(sys.argv[1])) if r == 1 else time.sleep(float(sys.argv[2]))"
+)
 
 
 def launch(*args, timeout=60):
-    return subprocess.run([sys.executable, "launchers/local.py", *args], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "launchers/local.py", *args],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_rank_variables_and_success():
@@ -43,12 +55,13 @@ def test_nothing_to_run_is_a_usage_error():
 def test_gpu_check_dry_run(tmp_path):
     """The GPU check's own steps (synthetic shard, bf16 training of TIED and LEV, the summary) on CPU."""
     env = base_env({"OUT": str(tmp_path / "gc"), "STEPS": "4"})
-    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines() if line.startswith(str(tmp_path))}
     assert set(rows) == {"tied", "lev"}
-    assert all(float(r[2].replace(",", "")) > 0 and r[4] == "n/a" for r in rows.values())   # no MFU on a CPU
+    assert all(float(r[2].replace(",", "")) > 0 and r[4] == "n/a" for r in rows.values())  # no MFU on a CPU
     assert "LEV/TIED tokens/s:" in proc.stdout
     assert "bf16" in proc.stdout
 
@@ -58,15 +71,35 @@ def test_demo_fresh_and_gpu_check_never_delete_a_directory_they_did_not_create(t
     user = tmp_path / "out" / "train"
     user.mkdir(parents=True)
     (user / "thesis.tex").write_text("mine")
-    proc = subprocess.run([sys.executable, "-m", "leviathan_pretrain.demo", "--out", str(tmp_path / "out"),
-                           "--data-prefix", str(tmp_path / "none"), "--fresh"], cwd=REPO, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "leviathan_pretrain.demo",
+            "--out",
+            str(tmp_path / "out"),
+            "--data-prefix",
+            str(tmp_path / "none"),
+            "--fresh",
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "was not created by the demo" in proc.stderr, proc.stderr
     assert (user / "thesis.tex").read_text() == "mine"
     other = tmp_path / "gpu"
     other.mkdir()
     (other / "results.csv").write_text("mine")
-    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=base_env({"OUT": other}),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry"],
+        cwd=REPO,
+        env=base_env({"OUT": other}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "not written by gpu_check.sh" in proc.stderr, proc.stderr
     assert (other / "results.csv").read_text() == "mine"

@@ -11,10 +11,11 @@ FLOPs convention (PaLM / Megatron-LM style, *model* FLOPs: no recomputation coun
   ``2 * 2 * q * s/2`` per token and layer, x3 for forward + backward.
 - Input layers that compute rows per unique id (LEV, ALBERT, MLP ablations) cost
   ``3 * forward_flops_per_id * unique_ratio`` where ``unique_ratio`` = unique ids / tokens in the micro-batch
-  (1.0, the default, is an upper bound; ``model.embedding.last_unique_ratio`` holds the last measured one).
+  (1.0, the default, is an upper bound; ``model.input_layer.last_unique_ratio`` holds the last measured one).
   LEV's forward per id: ``2*h*d^2`` (W_l) + ``7*h*d*r`` (3 gathered multiply-adds and the log-sum per
   element of the [h, d, r] block; transcendentals counted as 1) + ``2*h*r*D`` (W_out).
 """
+
 from __future__ import annotations
 
 from leviathan_pretrain.model import sizes

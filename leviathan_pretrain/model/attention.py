@@ -7,6 +7,7 @@
 - :class:`CPUSafeRotaryEmbedding` is megatron-core's ``RotaryEmbedding`` whose ``get_emb`` moves
   ``inv_freq`` to the current CUDA device only when CUDA exists (the stock one always does).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 
-from leviathan_pretrain.model.tp import tp_size
+from leviathan_pretrain.model.settings import ModelConfigError, group_size
 
 
 class SDPACoreAttention(MegatronModule):
@@ -28,32 +29,48 @@ class SDPACoreAttention(MegatronModule):
     ``DotProductAttention``); an explicit boolean mask (True = masked out) is honoured for non-causal
     mask types. GQA: key/value heads are repeated to the query heads."""
 
-    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str = "self",
-                 attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection=None):
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str = "self",
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection=None,
+    ):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
-            raise ValueError("parallel: context parallelism is not supported by the SDPA core attention")
+            raise ModelConfigError("parallel: context parallelism is not supported by the SDPA core attention")
         self.attn_mask_type = attn_mask_type
-        world = tp_size()
+        world = group_size(pg_collection.tp if pg_collection is not None else None)  # heads are TP-sharded
         self.heads = divide(config.num_attention_heads, world)
         self.groups = divide(config.num_query_groups or config.num_attention_heads, world)
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
 
-    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         if packed_seq_params is not None or attention_bias is not None:
             raise NotImplementedError("SDPA core attention: packed sequences / attention bias are not supported")
         if self.heads != self.groups:
             key = key.repeat_interleave(self.heads // self.groups, dim=2)
             value = value.repeat_interleave(self.heads // self.groups, dim=2)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))         # [b, heads, s, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         mask_type = attn_mask_type or self.attn_mask_type
         causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
         mask = None if causal or attention_mask is None else ~attention_mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and q.shape[2] > 1,
-                                             dropout_p=self.dropout if self.training else 0.0, scale=self.scale)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal and q.shape[2] > 1,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
+        )
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 

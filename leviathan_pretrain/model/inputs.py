@@ -14,6 +14,7 @@
 Token ids outside ``[0, vocab_size)`` raise :class:`TokenIdError` (never a silent wrap-around or the
 zero row a vocab-parallel table would give).
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,17 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from leviathan_pretrain.model import sizes
-from leviathan_pretrain.model.tp import (const_init, copy_to_tp, normal_init, reduce_from_tp, reduce_scatter_to_sp,
-                                         replicated_param, scatter_to_sp, sharded_param, tp_size)
+from leviathan_pretrain.model.settings import ModelConfigError, group_size
+from leviathan_pretrain.model.tp import (
+    const_init,
+    copy_to_tp,
+    normal_init,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+    replicated_param,
+    scatter_to_sp,
+    sharded_param,
+)
 
 
 class TokenIdError(ValueError):
@@ -44,19 +54,33 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     lo, hi = int(lo), int(hi)
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
-        raise TokenIdError(f"token id {bad} is outside [0, {vocab_size}) (model.vocab_size={vocab_size}); "
-                           "the data's tokenizer and model.vocab_size disagree")
+        raise TokenIdError(
+            f"token id {bad} is outside [0, {vocab_size}) (model.vocab_size={vocab_size}); "
+            "the data's tokenizer and model.vocab_size disagree"
+        )
 
 
 class TableInput(LanguageModelEmbedding):
     """TIED / UNTIED input: megatron-core's ``LanguageModelEmbedding`` (RoPE, so no position table).
 
-    ``word_embeddings.weight`` is the ``[V_pad / tp, D]`` vocab-parallel table; GPTModel ties its output
-    layer to it when ``share_embeddings_and_output_weights`` is set."""
+    ``word_embeddings.weight`` is the ``[V_pad / tp, D]`` vocab-parallel table; TIED's output head is this
+    table (model/assembly.py)."""
 
-    def __init__(self, config: TransformerConfig, vocab_size: int, padded_vocab_size: int, max_sequence_length: int):
-        super().__init__(config=config, vocab_size=padded_vocab_size, max_sequence_length=max_sequence_length,
-                         position_embedding_type="rope")
+    def __init__(
+        self,
+        config: TransformerConfig,
+        vocab_size: int,
+        padded_vocab_size: int,
+        max_sequence_length: int,
+        tp_group=None,
+    ):
+        super().__init__(
+            config=config,
+            vocab_size=padded_vocab_size,
+            max_sequence_length=max_sequence_length,
+            position_embedding_type="rope",
+            tp_group=tp_group,
+        )
         self.token_vocab_size = vocab_size
 
     def forward(self, input_ids, position_ids=None, tokentype_ids=None):
@@ -68,17 +92,19 @@ class UniqueIdInput(MegatronModule):
     """Rows computed once per unique token id, then indexed. Subclasses implement :meth:`compute_rows`.
 
     ``partial_over_tp``: True when ``compute_rows`` returns this TP rank's partial sum (sharded heads or
-    hidden units) that must be summed over the TP group; False when it returns full, replicated rows."""
+    hidden units) that must be summed over the TP group; False when it returns full, replicated rows.
+    ``tp_group``: the tensor-parallel process group (``None``: no tensor parallelism)."""
 
     partial_over_tp = True
 
-    def __init__(self, config: TransformerConfig, vocab_size: int, hidden_size: int):
+    def __init__(self, config: TransformerConfig, vocab_size: int, hidden_size: int, tp_group=None):
         super().__init__(config=config)
+        self.tp_group = tp_group
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
         self.register_buffer("lookup_table", None, persistent=False)
-        self.last_unique_ratio = 1.0   # unique ids / tokens of the last micro-batch (for FLOPs accounting)
+        self.last_unique_ratio = 1.0  # unique ids / tokens of the last micro-batch (for FLOPs accounting)
 
     def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
         """``ids [n]`` (unique, in range) -> ``[n, D]`` rows (partial over TP if ``partial_over_tp``)."""
@@ -99,13 +125,12 @@ class UniqueIdInput(MegatronModule):
         sp = self.config.sequence_parallel
         if not indexed:
             if partial and not sp:
-                x = reduce_from_tp(x)
-            x = x[inverse.t()]                                    # [s, b, D]
+                x = reduce_from_tp(x, self.tp_group)
+            x = x[inverse.t()]  # [s, b, D]
             if sp:
-                x = (reduce_scatter_to_sp(x) if partial
-                     else scatter_to_sp(x))
+                x = reduce_scatter_to_sp(x, self.tp_group) if partial else scatter_to_sp(x, self.tp_group)
         elif sp:
-            x = scatter_to_sp(x)
+            x = scatter_to_sp(x, self.tp_group)
         x = x.float() if self.config.fp32_residual_connection else x.to(self.config.params_dtype)
         if sp:
             x = x.clone()
@@ -123,7 +148,7 @@ class UniqueIdInput(MegatronModule):
             ids = torch.arange(s, min(self.vocab_size, s + chunk), device=device)
             rows = self.compute_rows(ids)
             if self.partial_over_tp:
-                rows = reduce_from_tp(rows)
+                rows = reduce_from_tp(rows, self.tp_group)
             parts.append(rows.to(dtype or self.config.params_dtype))
         return torch.cat(parts)
 
@@ -139,22 +164,24 @@ class UniqueIdInput(MegatronModule):
         self.lookup_table = None
 
 
-def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype):
+def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype, group):
     """LayerNorm(d_in) -> fc1 [hidden, d_in] (LeCun init) -> GELU -> fc2 [d_out, hidden]; hidden sharded."""
-    if hidden % tp_size():
-        raise ValueError(f"model.mlp_hidden: {hidden} is not divisible by parallel.tensor_parallel={tp_size()}")
+    if hidden % group_size(group):
+        raise ModelConfigError(
+            f"model.mlp_hidden: {hidden} is not divisible by parallel.tensor_parallel={group_size(group)}"
+        )
     return dict(
         ln_weight=replicated_param([d_in], const_init(1.0), dtype),
         ln_bias=replicated_param([d_in], const_init(0.0), dtype),
-        fc1=sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype),
-        fc2=sharded_param([d_out, hidden], 1, normal_init(std), dtype),
+        fc1=sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype, group),
+        fc2=sharded_param([d_out, hidden], 1, normal_init(std), dtype, group),
     )
 
 
 def _mlp_partial(mod, x):
     """This rank's partial MLP output (``x`` replicated across TP)."""
     x = F.layer_norm(x, (x.shape[-1],), mod.ln_weight.to(x.dtype), mod.ln_bias.to(x.dtype), 1e-5)
-    x = copy_to_tp(x)
+    x = copy_to_tp(x, mod.tp_group)
     return F.linear(F.gelu(F.linear(x, mod.fc1.to(x.dtype))), mod.fc2.to(x.dtype))
 
 
@@ -163,14 +190,19 @@ class AlbertInput(UniqueIdInput):
 
     partial_over_tp = False
 
-    def __init__(self, config, model_cfg, padded_vocab_size: int):
-        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+    def __init__(self, config, model_cfg, padded_vocab_size: int, tp_group=None):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.dim = sizes.albert_dim(model_cfg)
         self.table = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=padded_vocab_size, embedding_dim=self.dim, init_method=config.embedding_init_method,
-            config=config)
-        self.proj = replicated_param([model_cfg.hidden_size, self.dim], normal_init(config.init_method_std),
-                                     config.params_dtype)
+            num_embeddings=padded_vocab_size,
+            embedding_dim=self.dim,
+            init_method=config.embedding_init_method,
+            config=config,
+            tp_group=tp_group,
+        )
+        self.proj = replicated_param(
+            [model_cfg.hidden_size, self.dim], normal_init(config.init_method_std), config.params_dtype
+        )
 
     def compute_rows(self, ids, record=False):
         return F.linear(self.table(ids), self.proj)
@@ -179,14 +211,19 @@ class AlbertInput(UniqueIdInput):
 class FlatMLPInput(UniqueIdInput):
     """Flat MLP ablation: a small vocab-parallel ``V x e`` table, then an MLP ``e -> m -> D`` (hidden sharded)."""
 
-    def __init__(self, config, model_cfg, padded_vocab_size: int):
-        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+    def __init__(self, config, model_cfg, padded_vocab_size: int, tp_group=None):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.dim, self.mlp_hidden = sizes.flat_mlp_dims(model_cfg)
         self.table = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=padded_vocab_size, embedding_dim=self.dim, init_method=config.embedding_init_method,
-            config=config)
-        for name, p in _mlp_shards(self.dim, self.mlp_hidden, model_cfg.hidden_size, config.init_method_std,
-                                   config.params_dtype).items():
+            num_embeddings=padded_vocab_size,
+            embedding_dim=self.dim,
+            init_method=config.embedding_init_method,
+            config=config,
+            tp_group=tp_group,
+        )
+        for name, p in _mlp_shards(
+            self.dim, self.mlp_hidden, model_cfg.hidden_size, config.init_method_std, config.params_dtype, tp_group
+        ).items():
             self.register_parameter(name, p)
 
     def compute_rows(self, ids, record=False):
@@ -199,10 +236,10 @@ class DigitCodebooks(torch.nn.Module):
     def __init__(self, vocab_size: int, lev_cfg, dtype):
         super().__init__()
         self.digits, self.base = lev_cfg.digits, lev_cfg.resolved_base(vocab_size)
-        if self.base ** self.digits < vocab_size:
-            raise ValueError(f"model.lev.base: b**k = {self.base}**{self.digits} < vocab_size {vocab_size}")
+        if self.base**self.digits < vocab_size:
+            raise ModelConfigError(f"model.lev.base: b**k = {self.base}**{self.digits} < vocab_size {vocab_size}")
         self.weight = replicated_param([self.digits, self.base, lev_cfg.seed_dim], normal_init(lev_cfg.init_std), dtype)
-        self.weight.lev_codebook = True   # weight-decay grouping (optim.decay_lev_codebooks)
+        self.weight.lev_codebook = True  # weight-decay grouping (optim.decay_lev_codebooks)
         place = torch.tensor([self.base ** (self.digits - 1 - j) for j in range(self.digits)], dtype=torch.long)
         self.register_buffer("place", place, persistent=False)
         self.register_buffer("offset", torch.arange(self.digits, dtype=torch.long) * self.base, persistent=False)
@@ -212,19 +249,25 @@ class DigitCodebooks(torch.nn.Module):
         return (ids[:, None] // self.place) % self.base
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.digits_of(ids) + self.offset                 # rows of C viewed as [k * b, d]
+        rows = self.digits_of(ids) + self.offset  # rows of C viewed as [k * b, d]
         return F.embedding(rows, self.weight.view(-1, self.weight.shape[-1])).sum(1)
 
 
 class FactoredMLPInput(UniqueIdInput):
     """Factored MLP ablation: LEV's digit codebooks ``z(i)`` then an MLP ``d_seed -> m -> D`` (hidden sharded)."""
 
-    def __init__(self, config, model_cfg):
-        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+    def __init__(self, config, model_cfg, tp_group=None):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.mlp_hidden = sizes.factored_mlp_hidden(model_cfg)
         self.codebooks = DigitCodebooks(model_cfg.vocab_size, model_cfg.lev, config.params_dtype)
-        for name, p in _mlp_shards(model_cfg.lev.seed_dim, self.mlp_hidden, model_cfg.hidden_size,
-                                   config.init_method_std, config.params_dtype).items():
+        for name, p in _mlp_shards(
+            model_cfg.lev.seed_dim,
+            self.mlp_hidden,
+            model_cfg.hidden_size,
+            config.init_method_std,
+            config.params_dtype,
+            tp_group,
+        ).items():
             self.register_parameter(name, p)
 
     def compute_rows(self, ids, record=False):

@@ -18,22 +18,21 @@ sequence with sequence parallelism).
 The spline math runs in fp32 whatever the parameter dtype (a product over 128 coordinates in bf16 is
 meaningless); the output is cast to the model's dtype.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from megatron.core import parallel_state as ps
-from megatron.core import tensor_parallel
 
 from leviathan_pretrain.model.inputs import DigitCodebooks, UniqueIdInput
+from leviathan_pretrain.model.settings import ModelConfigError, group_rank, group_size
 from leviathan_pretrain.model.spline import auto_chunk, spline_product
-from leviathan_pretrain.model.tp import const_init, copy_to_tp, normal_init, sharded_param, tp_rank, tp_size
+from leviathan_pretrain.model.tp import all_gather_dim0, const_init, copy_to_tp, normal_init, sharded_param
 
-HEALTH_SAMPLE = 256   # unique ids kept from the last forward for lev_health()
-EDGE = 0.01           # a spline coordinate u within EDGE of 0 or 1 counts as saturated
+HEALTH_SAMPLE = 256  # unique ids kept from the last forward for lev_health()
+EDGE = 0.01  # a spline coordinate u within EDGE of 0 or 1 counts as saturated
 
 
 class LEVInput(UniqueIdInput):
@@ -49,26 +48,26 @@ class LEVInput(UniqueIdInput):
     128 coordinates multiplied, rounding S itself to bf16 would perturb M by several percent.
     """
 
-    def __init__(self, config, model_cfg):
-        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size)
+    def __init__(self, config, model_cfg, tp_group=None):
+        super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         lev = self.lev = model_cfg.lev
-        tp = tp_size()
+        tp = group_size(tp_group)
         if lev.heads % tp:
-            raise ValueError(f"model.lev.heads={lev.heads} is not divisible by parallel.tensor_parallel={tp}")
+            raise ModelConfigError(f"model.lev.heads={lev.heads} is not divisible by parallel.tensor_parallel={tp}")
         h, d, K, r, D = lev.heads, lev.seed_dim, lev.knots, lev.rank, model_cfg.hidden_size
         self.heads_local = h // tp
-        self.head_offset = tp_rank() * self.heads_local
+        self.head_offset = group_rank(tp_group) * self.heads_local
         dtype = config.params_dtype
         out_std = lev.out_init_std if lev.out_init_std is not None else lev.init_std / math.sqrt(h)
         self.codebooks = DigitCodebooks(model_cfg.vocab_size, lev, dtype)
         self.base = self.codebooks.base
-        self.proj = sharded_param([h, d, d], 0, normal_init(lev.init_std), dtype)
-        self.ln_weight = sharded_param([h, d], 0, const_init(1.0), dtype)
-        self.ln_bias = sharded_param([h, d], 0, const_init(0.0), dtype)
-        self.spline_delta = sharded_param([h, d, K, r], 0, normal_init(lev.spline_init_std), dtype)
-        self.out_proj = sharded_param([h, r, D], 0, normal_init(out_std), dtype)
+        self.proj = sharded_param([h, d, d], 0, normal_init(lev.init_std), dtype, tp_group)
+        self.ln_weight = sharded_param([h, d], 0, const_init(1.0), dtype, tp_group)
+        self.ln_bias = sharded_param([h, d], 0, const_init(0.0), dtype, tp_group)
+        self.spline_delta = sharded_param([h, d, K, r], 0, normal_init(lev.spline_init_std), dtype, tp_group)
+        self.out_proj = sharded_param([h, r, D], 0, normal_init(out_std), dtype, tp_group)
         for p in (self.ln_weight, self.ln_bias, self.spline_delta):
-            p.no_weight_decay = True   # LN affine and the spline values (not regularised by the spec)
+            p.no_weight_decay = True  # LN affine and the spline values (not regularised by the spec)
         self.chunk = lev.token_chunk or auto_chunk(self.heads_local, d, r, lev.chunk_elements)
         self._health = None
 
@@ -77,7 +76,7 @@ class LEVInput(UniqueIdInput):
         """``u [n, h/tp, d_seed]`` in [0, 1] for this rank's heads (spec steps 1-3)."""
         lev = self.lev
         z = self.codebooks(ids).float()
-        z = copy_to_tp(z)
+        z = copy_to_tp(z, self.tp_group)
         y = torch.einsum("nd,hed->nhe", z, self.proj.float())
         y = F.layer_norm(y, (lev.seed_dim,), eps=lev.layernorm_eps)
         y = y * self.ln_weight.float() + self.ln_bias.float()
@@ -105,12 +104,7 @@ class LEVInput(UniqueIdInput):
         ``splines`` (S), ``out_proj``; gathers the TP shards (a collective when TP > 1)."""
         out = {"codebooks": self.codebooks.weight.detach()}
         for name in ("proj", "ln_weight", "ln_bias", "splines", "out_proj"):
-            p = getattr(self, name).detach()
-            if tp_size() > 1:
-                parts = [torch.empty_like(p) for _ in range(tp_size())]
-                dist.all_gather(parts, p.contiguous(), group=ps.get_tensor_model_parallel_group())
-                p = torch.cat(parts, dim=0)
-            out[name] = p
+            out[name] = all_gather_dim0(getattr(self, name).detach(), self.tp_group)
         return out
 
 
@@ -124,24 +118,30 @@ def lev_health(layer, gather: bool = False) -> dict:
     those ids of ``||M_l @ W_out_l||``, head l's contribution to G) and ``lev/head{l}/u_edge_frac``; ``l`` is
     the global head index. Without ``gather`` only this TP rank's heads are reported; ``gather=True``
     all-gathers every head over the TP group (a collective: call it on every TP rank)."""
-    layer = getattr(layer, "embedding", layer)    # accept the GPTModel itself
-    if not isinstance(layer, LEVInput) or layer._health is None:
+    if not isinstance(layer, LEVInput):
+        layer = lev_layer(layer)  # accept the whole model (or a pipeline stage)
+    if layer is None or layer._health is None:
         return {}
     hs = layer._health
     m, out = hs["m"], layer.out_proj.float()
-    norms = torch.einsum("nhr,hrd->nhd", m, out).norm(dim=-1).pow(2).mean(0).sqrt()   # [h_local]
+    norms = torch.einsum("nhr,hrd->nhd", m, out).norm(dim=-1).pow(2).mean(0).sqrt()  # [h_local]
     edge = hs["edge"]
     first = layer.head_offset
-    if gather and tp_size() > 1:
-        group = ps.get_tensor_model_parallel_group()
-        both = torch.stack((norms, edge))
-        parts = [torch.empty_like(both) for _ in range(tp_size())]
-        dist.all_gather(parts, both.contiguous(), group=group)
-        both = torch.cat(parts, dim=1)
+    if gather and group_size(layer.tp_group) > 1:
+        both = all_gather_dim0(torch.stack((norms, edge)).t(), layer.tp_group).t()  # [2, heads]
         norms, edge, first = both[0], both[1], 0
-    stats = {"lev/unique_ids": float(hs["n"]), "lev/unique_ratio": float(layer.last_unique_ratio),
-             "lev/u_edge_frac": float(edge.mean())}
+    stats = {
+        "lev/unique_ids": float(hs["n"]),
+        "lev/unique_ratio": float(layer.last_unique_ratio),
+        "lev/u_edge_frac": float(edge.mean()),
+    }
     for i in range(norms.numel()):
         stats[f"lev/head{first + i}/out_norm"] = float(norms[i])
         stats[f"lev/head{first + i}/u_edge_frac"] = float(edge[i])
     return stats
+
+
+def lev_layer(module: torch.nn.Module) -> LEVInput | None:
+    """The :class:`LEVInput` inside ``module`` (a model, a DeepSpeed engine's module or pipeline stage, or
+    the layer itself); ``None`` when there is none (another variant, or a pipeline stage without it)."""
+    return next((m for m in module.modules() if isinstance(m, LEVInput)), None)

@@ -10,11 +10,12 @@ Conventions:
 - ``input`` = the input representation; ``head`` = the untied output head (0 for TIED, whose head *is*
   the input table); ``body`` = transformer layers + final norm.
 """
+
 from __future__ import annotations
 
 import math
 
-MATCH_MULTIPLE = 8   # matched MLP widths are rounded to this (TP up to 8 divides them)
+MATCH_MULTIPLE = 8  # matched MLP widths are rounded to this (TP up to 8 divides them)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int = 1) -> int:
@@ -104,7 +105,10 @@ def head_params(model, tensor_parallel: int = 1) -> int:
 
 def param_breakdown(model, tensor_parallel: int = 1) -> dict:
     """``{"input", "body", "head", "total"}`` for the whole model (summed over TP ranks)."""
-    out = {"input": input_params(model, tensor_parallel), "body": body_params(model),
-           "head": head_params(model, tensor_parallel)}
+    out = {
+        "input": input_params(model, tensor_parallel),
+        "body": body_params(model),
+        "head": head_params(model, tensor_parallel),
+    }
     out["total"] = out["input"] + out["body"] + out["head"]
     return out

@@ -21,6 +21,7 @@ Efficiency (the ``[n, h, d, r]`` intermediate is the memory hot spot):
 
 :func:`spline_product` picks the recomputing function or plain chunked autograd (``recompute=False``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,11 +39,11 @@ def basis_weights(u: torch.Tensor, knots: int):
     """
     x = u * (knots - 1)
     c = torch.round(x).clamp_(0, knots - 1)
-    f = x - c                                              # in [-0.5, 0.5]
+    f = x - c  # in [-0.5, 0.5]
     a_m = ((0.5 - f) ** 2 * 0.5).masked_fill_(c < 1, 0.0)  # t = 1 + f in [0.5, 1.5]; no knot c - 1 at c = 0
-    a_0 = 0.75 - f * f                                     # t = |f| < 0.5
+    a_0 = 0.75 - f * f  # t = |f| < 0.5
     a_p = ((0.5 + f) ** 2 * 0.5).masked_fill_(c > knots - 2, 0.0)
-    iz = 1.0 / (a_m + a_0 + a_p)                           # 1 in the interior; > 1 next to the end knots
+    iz = 1.0 / (a_m + a_0 + a_p)  # 1 in the interior; > 1 next to the end knots
     w = torch.stack((a_m * iz, a_0 * iz, a_p * iz), dim=-1)
     return c.long(), w, (f, a_m, a_p, iz)
 
@@ -77,8 +78,10 @@ class _Blocks:
 
     def take(self, n: int):
         """Contiguous ``[h*d, n, r]`` views on the buffers' storage (n <= chunk)."""
-        return [b if n == b.shape[1] else b.view(-1)[:b.shape[0] * n * b.shape[2]].view(b.shape[0], n, b.shape[2])
-                for b in self.bufs]
+        return [
+            b if n == b.shape[1] else b.view(-1)[: b.shape[0] * n * b.shape[2]].view(b.shape[0], n, b.shape[2])
+            for b in self.bufs
+        ]
 
 
 def _coords_first(u_chunk: torch.Tensor) -> torch.Tensor:
@@ -112,8 +115,8 @@ class SplineProduct(torch.autograd.Function):
                 e = min(n, s + chunk)
                 P, T = blocks.take(e - s)
                 c, w, _ = basis_weights(_coords_first(u[s:e]), knots)
-                torch.bmm(_basis_matrix(c, w, knots)[0], S3, out=P)                       # phi
-                sign = torch.sign(P, out=T).view(h, d, e - s, r).prod(1)                  # [h, nc, r]
+                torch.bmm(_basis_matrix(c, w, knots)[0], S3, out=P)  # phi
+                sign = torch.sign(P, out=T).view(h, d, e - s, r).prod(1)  # [h, nc, r]
                 logsum = P.abs_().add_(eps).log_().view(h, d, e - s, r).sum(1)
                 out[s:e] = logsum.exp_().mul_(sign).transpose(0, 1)
         ctx.save_for_backward(u, S, out)
@@ -130,21 +133,21 @@ class SplineProduct(torch.autograd.Function):
         S3 = S.reshape(hd, knots, r)
         grad_u = torch.empty_like(u) if ctx.needs_input_grad[0] else None
         grad_S = torch.zeros(hd, knots, r, dtype=S.dtype, device=S.device) if ctx.needs_input_grad[1] else None
-        grad_l = (grad_m * M).transpose(0, 1)                            # [h, n, r]: d M / d (sum log) = M
+        grad_l = (grad_m * M).transpose(0, 1)  # [h, n, r]: d M / d (sum log) = M
         blocks = _Blocks(2, hd, min(chunk, n), r, S)
         for s in range(0, n, chunk):
             e = min(n, s + chunk)
             nc = e - s
             P, G = blocks.take(nc)
-            c, w, (f, a_m, a_p, iz) = basis_weights(_coords_first(u[s:e]), knots)   # [hd, nc], [hd, nc, 3]
-            B, idx = _basis_matrix(c, w, knots)                                        # [hd, nc, K]
-            torch.bmm(B, S3, out=P)                                                    # phi
+            c, w, (f, a_m, a_p, iz) = basis_weights(_coords_first(u[s:e]), knots)  # [hd, nc], [hd, nc, 3]
+            B, idx = _basis_matrix(c, w, knots)  # [hd, nc, K]
+            torch.bmm(B, S3, out=P)  # phi
             torch.sign(P, out=G).div_(P.abs_().add_(eps))
-            G.view(h, d, nc, r).mul_(grad_l[:, None, s:e])                             # dL/dphi
+            G.view(h, d, nc, r).mul_(grad_l[:, None, s:e])  # dL/dphi
             if grad_S is not None:
-                grad_S.baddbmm_(B.transpose(1, 2), G)                                  # [hd, K, r]
+                grad_S.baddbmm_(B.transpose(1, 2), G)  # [hd, K, r]
             if grad_u is not None:
-                g_w = torch.gather(torch.bmm(G, S3.transpose(1, 2)), 2, idx)           # [hd, nc, 3]
+                g_w = torch.gather(torch.bmm(G, S3.transpose(1, 2)), 2, idx)  # [hd, nc, 3]
                 # d/df of the unnormalised pieces: a_m' = -(0.5 - f) [c >= 1], a_0' = -2f, a_p' = (0.5 + f) [c <= K-2]
                 da_m = (f - 0.5).masked_fill_(a_m == 0, 0.0)
                 da_0 = -2 * f
@@ -162,13 +165,13 @@ class SplineProduct(torch.autograd.Function):
 def _spline_product_autograd(u, S, eps: float, chunk: int):
     """The same computation traced by autograd chunk by chunk (stores every chunk's ``phi``)."""
     n, h, d = u.shape
-    knots, r = S.shape[2], S.shape[3]
-    S4 = S.unsqueeze(0)                                              # [1, h, d, K, r]
+    knots = S.shape[2]
+    S4 = S.unsqueeze(0)  # [1, h, d, K, r]
     outs = []
     for s in range(0, n, chunk):
-        c, w, _ = basis_weights(u[s:s + chunk], knots)
-        B = _basis_matrix(c, w, knots)[0]                            # [nc, h, d, K]
-        phi = (B.unsqueeze(-2) @ S4).squeeze(-2)                     # [nc, h, d, r]
+        c, w, _ = basis_weights(u[s : s + chunk], knots)
+        B = _basis_matrix(c, w, knots)[0]  # [nc, h, d, K]
+        phi = (B.unsqueeze(-2) @ S4).squeeze(-2)  # [nc, h, d, r]
         sign = torch.sign(phi).prod(2)
         outs.append(sign * torch.log(phi.abs() + eps).sum(2).exp())
     return torch.cat(outs) if len(outs) != 1 else outs[0]

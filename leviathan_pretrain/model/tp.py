@@ -4,22 +4,18 @@ Every rank draws the *full* master tensor from the default (CPU) generator with 
 its slice (megatron-core's ``use_cpu_initialization`` convention), so TP = N starts from exactly the
 TP = 1 weights. Sharded parameters carry megatron-core's TP attributes (DeepSpeed's gradient clipping
 and checkpoint merging read them); replicated ones carry none.
+
+The process group is always passed in (the layer's ``tp_group``); ``None`` means no tensor parallelism.
 """
+
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
-from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 
-
-def tp_size() -> int:
-    return ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
-
-
-def tp_rank() -> int:
-    return ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
+from leviathan_pretrain.model.settings import ModelConfigError, group_rank, group_size
 
 
 def _master(shape, init: Callable[[torch.Tensor], object]) -> torch.Tensor:
@@ -42,13 +38,11 @@ def replicated_param(shape, init, dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(_master(shape, init).to(dtype))
 
 
-def sharded_param(shape, dim: int, init, dtype, *, size: int | None = None, rank: int | None = None
-                  ) -> torch.nn.Parameter:
+def sharded_param(shape, dim: int, init, dtype, group=None) -> torch.nn.Parameter:
     """This rank's slice (along ``dim``) of a full ``shape`` master tensor, with megatron-core's TP attributes."""
-    size = tp_size() if size is None else size
-    rank = tp_rank() if rank is None else rank
+    size, rank = group_size(group), group_rank(group)
     if shape[dim] % size:
-        raise ValueError(f"dimension {dim} of {tuple(shape)} is not divisible by tensor_parallel={size}")
+        raise ModelConfigError(f"dimension {dim} of {tuple(shape)} is not divisible by tensor_parallel={size}")
     part = shape[dim] // size
     full = _master(shape, init)
     p = torch.nn.Parameter(full.narrow(dim, rank * part, part).clone().to(dtype))
@@ -56,19 +50,32 @@ def sharded_param(shape, dim: int, init, dtype, *, size: int | None = None, rank
     return p
 
 
-# megatron-core's mappings, skipped when there is no tensor-parallel group (TP = 1 or no parallel state),
-# so the input layers also run standalone (tests, benchmarks, export) without torch.distributed.
-def copy_to_tp(x):
-    return tensor_parallel.copy_to_tensor_model_parallel_region(x) if tp_size() > 1 else x
+# megatron-core's mappings over the given group, skipped without tensor parallelism (TP = 1 or no process
+# group), so the input layers also run standalone (tests, benchmarks, export) without torch.distributed.
+def copy_to_tp(x, group):
+    return tensor_parallel.copy_to_tensor_model_parallel_region(x, group=group) if group_size(group) > 1 else x
 
 
-def reduce_from_tp(x):
-    return tensor_parallel.reduce_from_tensor_model_parallel_region(x) if tp_size() > 1 else x
+def reduce_from_tp(x, group):
+    return tensor_parallel.reduce_from_tensor_model_parallel_region(x, group=group) if group_size(group) > 1 else x
 
 
-def reduce_scatter_to_sp(x):
-    return tensor_parallel.reduce_scatter_to_sequence_parallel_region(x) if tp_size() > 1 else x
+def reduce_scatter_to_sp(x, group):
+    if group_size(group) > 1:
+        return tensor_parallel.reduce_scatter_to_sequence_parallel_region(x, group=group)
+    return x
 
 
-def scatter_to_sp(x):
-    return tensor_parallel.scatter_to_sequence_parallel_region(x) if tp_size() > 1 else x
+def scatter_to_sp(x, group):
+    return tensor_parallel.scatter_to_sequence_parallel_region(x, group=group) if group_size(group) > 1 else x
+
+
+def all_gather_dim0(t: torch.Tensor, group) -> torch.Tensor:
+    """``t`` from every rank of ``group``, concatenated along dim 0 (``t`` itself without TP); a collective."""
+    if group_size(group) == 1:
+        return t
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(group_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=0)

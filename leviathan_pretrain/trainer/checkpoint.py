@@ -16,7 +16,7 @@ deletes all but the newest ``keep_last`` complete checkpoints. A crash at any po
 the previous complete checkpoint.
 
 What is ever deleted: only directories we marked — an interrupted save (``leviathan.saving`` without
-``leviathan.json``) at the next start, our own hidden temporary directories and ``latest.tmp``, and complete
+``leviathan.json``) at the next start, our own hidden temporary directories and ``latest.tmp<pid>``, and complete
 checkpoints of this run beyond ``keep_last``. A ``global_step*`` folder without either file (another run's
 DeepSpeed checkpoint) is never touched: the trainer refuses to start in a directory holding one.
 
@@ -24,130 +24,40 @@ Loading uses ``torch.load(weights_only=True)`` for every file, DeepSpeed's inclu
 engine is replaced by :class:`SafeCheckpointEngine`); only the few DeepSpeed classes its optimizer
 states contain are allow-listed. Anything else in a file fails with an error naming it.
 """
+
 from __future__ import annotations
 
 import json
 import os
-import pickle
-import random
 import shutil
 import socket
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from data_prep.fileio import write_bytes_atomic
+from leviathan_pretrain.config import Config, ConfigError, to_dict
+from leviathan_pretrain.model import LAYOUT_VERSION
+from leviathan_pretrain.parallel import ParallelDims
+from leviathan_pretrain.trainer import reshard
+from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load
+from leviathan_pretrain.trainer.state import TrainState
 
 TAG_PREFIX = "global_step"
 META = "leviathan.json"
 SAVING = "leviathan.saving"
 LATEST = "latest"
-# Classes DeepSpeed pickles into its optimizer states (checked with torch.load(weights_only=True)).
-SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
-                "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-                "deepspeed.runtime.zero.config.ZeroStageEnum",
-                "deepspeed.utils.tensor_fragment.fragment_address")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is unusable (incomplete, unsafe to load, or from an incompatible run); names it."""
-
-
-def _safe_globals() -> list:
-    import importlib
-    out = []
-    for name in SAFE_GLOBALS:
-        mod, _, attr = name.rpartition(".")
-        try:
-            out.append(getattr(importlib.import_module(mod), attr))
-        except (ImportError, AttributeError):
-            pass
-    return out
-
-
-def safe_load(path, map_location="cpu"):
-    """``torch.load(weights_only=True)`` with DeepSpeed's allow-listed classes; never arbitrary unpickling."""
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()
-        raise CheckpointError(f"{path}: refused by weights_only loading ({first[-1] if first else e}); "
-                              "this file holds objects other than tensors and plain containers") from None
-
-
-class SafeCheckpointEngine(TorchCheckpointEngine):
-    """DeepSpeed's torch checkpoint engine with weights-only loading that records the files it writes
-    (:func:`save` fsyncs them on the writing rank)."""
-
-    def __init__(self, config_params=None):
-        super().__init__(config_params)
-        self.written: list[str] = []
-
-    def start_recording(self) -> list[str]:
-        self.written = []
-        return self.written
-
-    def load(self, path: str, map_location=None):
-        return safe_load(path, map_location)
-
-    def save(self, state_dict, path: str):
-        super().save(state_dict, path)
-        self.written.append(str(path))
-
-
-def install_safe_engine(ds_engine) -> SafeCheckpointEngine:
-    eng = SafeCheckpointEngine(ds_engine._config)
-    ds_engine.checkpoint_engine = eng
-    return eng
-
-
-# ---- RNG state (weights_only-loadable: tensors and plain numbers only) ----
-
-def rng_state() -> dict:
-    py = random.getstate()
-    np_state = np.random.get_state()
-    out = {"python_version": py[0], "python_state": torch.tensor(py[1], dtype=torch.int64),
-           "python_gauss": py[2] if py[2] is not None else float("nan"),
-           "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
-           "numpy_has_gauss": int(np_state[3]), "numpy_gauss": float(np_state[4]),
-           "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state()
-        try:
-            from megatron.core import tensor_parallel
-            tracker = tensor_parallel.get_cuda_rng_tracker().get_states()
-            out["cuda_tracker"] = {k: v for k, v in tracker.items()}
-        except Exception:   # no tracker states (CPU-initialised run)
-            pass
-    return out
-
-
-def set_rng_state(s: dict) -> None:
-    gauss = s["python_gauss"]
-    random.setstate((int(s["python_version"]), tuple(int(x) for x in s["python_state"].tolist()),
-                     None if gauss != gauss else gauss))
-    np.random.set_state(("MT19937", s["numpy_keys"].numpy().astype(np.uint32), int(s["numpy_pos"]),
-                         int(s["numpy_has_gauss"]), float(s["numpy_gauss"])))
-    torch.set_rng_state(s["torch"])
-    if torch.cuda.is_available() and "cuda" in s:
-        torch.cuda.set_rng_state(s["cuda"])
-        if s.get("cuda_tracker"):
-            from megatron.core import tensor_parallel
-            tensor_parallel.get_cuda_rng_tracker().set_states(s["cuda_tracker"])
-
-
 # ---- directory bookkeeping ----
+
 
 def tag_for(step: int) -> str:
     return f"{TAG_PREFIX}{step}"
 
 
 def step_of(tag: str) -> int | None:
-    rest = tag[len(TAG_PREFIX):] if tag.startswith(TAG_PREFIX) else ""
+    rest = tag[len(TAG_PREFIX) :] if tag.startswith(TAG_PREFIX) else ""
     return int(rest) if rest.isdigit() else None
 
 
@@ -177,13 +87,7 @@ def _fsync_path(path: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
+    write_bytes_atomic(path, text.encode(), sync_dir=True)
 
 
 def _is_ours(d: Path) -> bool:
@@ -200,9 +104,11 @@ def check_no_foreign(ckpt_dir: Path) -> None:
     (and DeepSpeed's ``latest`` is the same file name)."""
     foreign = foreign_tags(ckpt_dir) if Path(ckpt_dir).is_dir() else []
     if foreign:
-        raise CheckpointError(f"{ckpt_dir} holds checkpoint folder(s) not written by leviathan_pretrain "
-                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}: no {META} or "
-                              f"{SAVING}); they were left alone. Use another checkpoint.dir / train.out_dir")
+        raise CheckpointError(
+            f"{ckpt_dir} holds checkpoint folder(s) not written by leviathan_pretrain "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}: no {META} or "
+            f"{SAVING}); they were left alone. Use another checkpoint.dir / train.out_dir"
+        )
 
 
 def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
@@ -214,10 +120,12 @@ def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
         if d.is_dir() and (d / SAVING).is_file() and not (d / META).is_file() and d.name != keep:
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d.name)
-    for d in ckpt_dir.glob(f".{TAG_PREFIX}*.saving-*"):          # a crash between mkdir and rename
+    for d in ckpt_dir.glob(f".{TAG_PREFIX}*.saving-*"):  # a crash between mkdir and rename
         if d.is_dir() and (d / SAVING).is_file():
             shutil.rmtree(d, ignore_errors=True)
-    (ckpt_dir / (LATEST + ".tmp")).unlink(missing_ok=True)
+    for tmp in ckpt_dir.glob(LATEST + ".tmp*"):  # ours: write_bytes_atomic's temporary name
+        if tmp.name[len(LATEST) + 4 :].isdigit():
+            tmp.unlink(missing_ok=True)
     return removed
 
 
@@ -241,19 +149,29 @@ def _begin(ckpt_dir: Path, tag: str, step: int) -> None:
     if final.exists():
         if not _is_ours(final):
             raise CheckpointError(f"{final} exists and was not written by leviathan_pretrain; left alone")
-        shutil.rmtree(final)                      # our own leftover of this step (e.g. a re-run after a crash)
+        shutil.rmtree(final)  # our own leftover of this step (e.g. a re-run after a crash)
     tmp = ckpt_dir / f".{tag}.saving-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / SAVING).write_text(json.dumps({"step": step, "host": socket.gethostname(), "pid": os.getpid(),
-                                          "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    (tmp / SAVING).write_text(
+        json.dumps(
+            {
+                "step": step,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+    )
     os.replace(tmp, final)
     _fsync_path(ckpt_dir)
 
 
-def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, client_state: dict) -> str:
-    """Collective: write checkpoint ``global_step<step>`` and commit it (see the module docstring)."""
+def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last: int) -> str:
+    """Collective: write checkpoint ``global_step<state.step>`` and commit it (see the module docstring).
+    ``leviathan.json`` = ``run_meta`` (config, tokenizer, layout) + ``state.state_dict()``."""
     ckpt_dir = Path(ckpt_dir)
+    step = state.step
     tag = tag_for(step)
     rank = dist.get_rank()
     if rank == 0:
@@ -262,18 +180,19 @@ def save(ds_engine, ckpt_dir: Path, step: int, meta: dict, keep_last: int, clien
     dist.barrier()
     engine = ds_engine.checkpoint_engine
     written = engine.start_recording() if isinstance(engine, SafeCheckpointEngine) else []
-    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)
     rng_path = ckpt_dir / tag / f"rng_rank{rank:05d}.pt"
-    torch.save(rng_state(), rng_path)
+    torch.save(TrainState.rng_state_dict(), rng_path)
     written.append(str(rng_path))
-    if rank == 0:                                 # DeepSpeed's recovery scripts, copied by global rank 0
+    if rank == 0:  # DeepSpeed's recovery scripts, copied by global rank 0
         written += [str(p) for p in (ckpt_dir / tag).glob("zero_to_*.py")]
-    for f in written:                             # each rank flushes what it wrote itself
+    for f in written:  # each rank flushes what it wrote itself
         _fsync_path(Path(f))
     _fsync_path(ckpt_dir / tag)
     dist.barrier()
     if rank == 0:
-        _atomic_write(ckpt_dir / tag / META, json.dumps({**meta, "tag": tag, "step": step}, indent=1))
+        meta = {**run_meta, **state.state_dict(), "tag": tag}
+        _atomic_write(ckpt_dir / tag / META, json.dumps(meta, indent=1))
         (ckpt_dir / tag / SAVING).unlink()
         _fsync_path(ckpt_dir / tag)
         _atomic_write(ckpt_dir / LATEST, tag)
@@ -286,26 +205,91 @@ def read_meta(ckpt_dir: Path, tag: str) -> dict:
     return json.loads((Path(ckpt_dir) / tag / META).read_text())
 
 
-def load(ds_engine, ckpt_dir: Path, tag: str, saved_layout: dict | None = None) -> dict:
-    """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns the
-    DeepSpeed client state. A checkpoint written at another data-parallel size whose optimizer state is
+def load(ds_engine, ckpt_dir: Path, tag: str) -> TrainState:
+    """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns its
+    :class:`TrainState`. A checkpoint written at another data-parallel size whose optimizer state is
     partitioned over DP (ZeRO 1-3; DeepSpeed's bf16 optimizer) goes through DeepSpeed's universal checkpoint
     (:mod:`.reshard`); an unpartitioned one (ZeRO 0) loads at any DP size as it is."""
     from megatron.core import parallel_state as ps
 
-    from leviathan_pretrain.trainer import reshard
     ckpt_dir = Path(ckpt_dir)
-    saved = saved_layout or {}
-    # optimizer state partitioned over DP: ZeRO 1-3, and DeepSpeed's bf16 optimizer (pipeline / ZeRO-1 bf16)
+    meta = read_meta(ckpt_dir, tag)
+    saved = meta.get("layout", {})
     partitioned = any((ckpt_dir / tag).glob("*zero_pp_rank_*"))
     if saved.get("dp") not in (None, ps.get_data_parallel_world_size()) and partitioned:
-        path, client = reshard.load_universal(ds_engine, ckpt_dir, tag, saved.get("zero_stage", 0) or 0)
+        path, _ = reshard.load_universal(ds_engine, ckpt_dir, tag, saved.get("zero_stage", 0) or 0)
     else:
-        path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=True,
-                                                 load_lr_scheduler_states=False)
+        path, _ = ds_engine.load_checkpoint(
+            str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
     if path is None:
         raise CheckpointError(f"{ckpt_dir / tag}: DeepSpeed could not load this checkpoint")
     rng_path = ckpt_dir / tag / f"rng_rank{dist.get_rank():05d}.pt"
-    if rng_path.is_file():        # per global rank: after a DP change new ranks keep their fresh seeding
-        set_rng_state(safe_load(rng_path))
-    return client or {}
+    if rng_path.is_file():  # per global rank: after a DP change new ranks keep their fresh seeding
+        TrainState.load_rng_state_dict(safe_load(rng_path))
+    state = TrainState()
+    state.load_state_dict(meta)
+    return state
+
+
+# ---- resume rules ----
+
+# Model settings that change speed or memory but not the weights: a run may resume with other values.
+RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_elements", "lev.recompute"}
+
+
+def checkpoint_dir(cfg: Config) -> Path:
+    return Path(cfg.checkpoint.dir or Path(cfg.train.out_dir) / "checkpoints")
+
+
+def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
+    """The tag to resume from; with ``checkpoint.resume=false`` the directory must hold no checkpoint (a new
+    run's checkpoints would mix with the old ones, and pruning keeps the highest steps). A directory with
+    another run's ``global_step*`` folders is refused either way."""
+    check_no_foreign(cdir)
+    if cfg.checkpoint.resume:
+        return read_latest(cdir)
+    if cdir.is_dir() and complete_tags(cdir):
+        raise ConfigError(
+            f"checkpoint.resume: false, but {cdir} already holds checkpoints "
+            f"({', '.join(complete_tags(cdir)[-3:])}); use another train.out_dir or "
+            "checkpoint.dir, or delete it"
+        )
+    return None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, dims: ParallelDims) -> None:
+    """The checkpoint's model config and tokenizer match this run, and its parallel layout can be loaded: the
+    same TP, PP and ZeRO stage; another data-parallel size with ``checkpoint.reshard`` (before loading it)."""
+    if meta.get("model_layout", 1) != LAYOUT_VERSION:
+        raise CheckpointError(
+            f"{where}: written with model layout {meta.get('model_layout', 1)} (the state-dict "
+            f"names of another leviathan_pretrain version); this code reads layout {LAYOUT_VERSION}"
+        )
+    saved = _flat(meta.get("config", {}).get("model", {}))
+    now = _flat(to_dict(cfg.model))
+    diff = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_FREE and saved.get(k) != now.get(k)]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(
+            f"{where}: written for model.{k}={saved.get(k)!r}, the config says "
+            f"{now.get(k)!r}; use the same model config or another checkpoint.dir"
+        )
+    if meta.get("tokenizer_sha256") and tok_sha and meta["tokenizer_sha256"] != tok_sha:
+        raise CheckpointError(
+            f"{where}: written with a different tokenizer (sha256 "
+            f"{meta['tokenizer_sha256'][:12]}...) than data.tokenizer={cfg.data.tokenizer}"
+        )
+    reshard.check_layout(
+        meta.get("layout", {}), dims.tp, dims.pp, dims.dp, cfg.parallel.zero_stage, cfg.checkpoint.reshard, where
+    )

@@ -9,8 +9,7 @@
 - :func:`build_datasets` builds the train and validation splits with ``BlendedMegatronDatasetBuilder``
   (weights per prefix, seeded shuffling, index cache in ``data.cache_dir``; rank 0 builds the cache first).
   ``python -m leviathan_pretrain.build_data_cache`` builds the same cache ahead of training in one CPU
-  process; it stamps the cache dir (``leviathan_data_cache.json``: a fingerprint of everything that
-  determines the indices, and the files) and rank 0 says whether the trainer found it complete.
+  process; it stamps the cache dir (:mod:`.data_cache`) and rank 0 says whether the trainer found it complete.
   Max-token-id scans of shards without ``counts.npy`` are remembered in ``leviathan_shard_scans.json``
   there (keyed by path, size and mtime), so a scan happens once per shard, not once per start.
 - :class:`Batches` turns "samples consumed so far" into this rank's micro-batches. Sample ``i`` of the run is
@@ -19,30 +18,33 @@
   tensor-parallel ranks of the first and last pipeline stages) reads the same samples from the same memory
   map, so no broadcast is needed and a resumed run sees exactly the samples an uninterrupted run would.
 """
+
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import struct
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from data_prep.cli import sha256_file
+from data_prep.fileio import sha256_file
+from data_prep.mmidx import IndexFormatError, read_index
 from leviathan_pretrain.config import Config, ConfigError, split_weights
+from leviathan_pretrain.trainer.data_cache import (
+    _file_key,
+    atomic_write_text,
+    cache_dir,
+    cache_status,
+    index_files,
+    read_json,
+    write_stamp,
+)
 
-DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
-               8: np.uint16}
-INDEX_HEADER = b"MMIDIDX\x00\x00"
 SCAN_BYTES = 64 << 20
-STAMP = "leviathan_data_cache.json"       # in the cache dir: which index sets are complete, and their files
-SCANS = "leviathan_shard_scans.json"      # in the cache dir: max token ids of scanned shards
+SCANS = "leviathan_shard_scans.json"  # in the cache dir: max token ids of scanned shards
 
 
 class ShardError(ValueError):
@@ -56,29 +58,11 @@ class ShardInfo:
     num_documents: int
     num_tokens: int
     dtype: type
-    vocab_size: int | None            # tokenizer vocabulary the shard was written with, when recorded
-    max_token_id: int | None          # largest token id present, when known
-    sequence_lengths: np.ndarray      # memory-mapped int32 [num_sequences]
+    vocab_size: int | None  # tokenizer vocabulary the shard was written with, when recorded
+    max_token_id: int | None  # largest token id present, when known
+    sequence_lengths: np.ndarray  # memory-mapped int32 [num_sequences]
     manifest: dict
     max_id_source: str | None = None  # "counts", "scan", "scan cache" or None (unknown)
-
-
-def _read_index(prefix: str) -> tuple[type, np.ndarray, np.ndarray, int]:
-    idx = Path(prefix + ".idx")
-    with open(idx, "rb") as f:
-        head = f.read(9 + 8 + 1 + 8 + 8)
-    if len(head) < 34 or head[:9] != INDEX_HEADER:
-        raise ShardError(f"{idx}: not a megatron-core MMIDIDX index (bad header)")
-    version, code, n_seq, n_doc = struct.unpack("<QBQQ", head[9:])
-    if version != 1 or code not in DTYPE_CODES:
-        raise ShardError(f"{idx}: unsupported index version {version} or dtype code {code}")
-    need = 34 + n_seq * 4 + n_seq * 8 + n_doc * 8
-    if idx.stat().st_size < need:
-        raise ShardError(f"{idx}: truncated index ({idx.stat().st_size} bytes, header promises {need})")
-    mm = np.memmap(idx, mode="r", dtype=np.uint8)
-    lengths = np.frombuffer(mm, dtype=np.int32, count=n_seq, offset=34)
-    pointers = np.frombuffer(mm, dtype=np.int64, count=n_seq, offset=34 + n_seq * 4)
-    return DTYPE_CODES[code], lengths, pointers, max(0, n_doc - 1)
 
 
 def _scan_max_id(bin_path: Path, dtype) -> int:
@@ -87,7 +71,7 @@ def _scan_max_id(bin_path: Path, dtype) -> int:
     item = np.dtype(dtype).itemsize
     buf = np.empty(max(1, SCAN_BYTES // item), dtype=dtype)
     best = None
-    with open(bin_path, "rb") as f:              # buffered: readinto fills the block unless at EOF
+    with open(bin_path, "rb") as f:  # buffered: readinto fills the block unless at EOF
         while True:
             n = f.readinto(memoryview(buf).cast("B")) // item
             if n <= 0:
@@ -97,41 +81,6 @@ def _scan_max_id(bin_path: Path, dtype) -> int:
     if best is None:
         raise ShardError(f"{bin_path}: no token data to scan")
     return best
-
-
-def cache_dir(cfg: Config) -> Path:
-    """The megatron-core index cache (and this module's stamp and scan files): ``data.cache_dir`` or
-    ``<train.out_dir>/data_cache``."""
-    return Path(cfg.data.cache_dir or Path(cfg.train.out_dir) / "data_cache")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` under a temporary name in the same directory, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from ``path``; ``{}`` when it is missing or not a JSON object (then it is rebuilt)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _file_key(path: Path) -> dict:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def _warn(msg: str) -> None:
@@ -145,11 +94,14 @@ def _scan_cached(bin_path: Path, dtype, cache: Path | None) -> tuple[int, str]:
         return _scan_max_id(bin_path, dtype), "scan"
     key, me = str(bin_path.resolve()), {**_file_key(bin_path), "dtype": np.dtype(dtype).name}
     hit = read_json(cache / SCANS).get("shards", {}).get(key)
-    if isinstance(hit, dict) and isinstance(hit.get("max_token_id"), int) and all(hit.get(k) == v
-                                                                                  for k, v in me.items()):
+    if (
+        isinstance(hit, dict)
+        and isinstance(hit.get("max_token_id"), int)
+        and all(hit.get(k) == v for k, v in me.items())
+    ):
         return hit["max_token_id"], "scan cache"
     max_id = _scan_max_id(bin_path, dtype)
-    table = read_json(cache / SCANS).get("shards", {})           # re-read: another process may have added one
+    table = read_json(cache / SCANS).get("shards", {})  # re-read: another process may have added one
     table = table if isinstance(table, dict) else {}
     table[key] = {**me, "max_token_id": max_id}
     try:
@@ -171,8 +123,10 @@ def find_manifest(prefix: str) -> dict:
             m = json.loads(mpath.read_text())
         except ValueError as e:
             raise ShardError(f"data shard {prefix}: {mpath} is not valid JSON ({e})") from None
-        if i == 0 or any(o.get("prefix") == prefix or Path(str(o.get("prefix"))).name == Path(prefix).name
-                         for o in m.get("outputs", [])):
+        if i == 0 or any(
+            o.get("prefix") == prefix or Path(str(o.get("prefix"))).name == Path(prefix).name
+            for o in m.get("outputs", [])
+        ):
             return m
     return {}
 
@@ -185,15 +139,20 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True, scan_cache: str | P
     for ext in (".idx", ".bin"):
         if not Path(prefix + ext).is_file():
             raise ShardError(f"data shard {prefix}: {prefix + ext} does not exist")
-    dtype, lengths, pointers, n_doc = _read_index(prefix)
+    try:
+        index = read_index(Path(prefix + ".idx"))
+    except IndexFormatError as e:
+        raise ShardError(str(e)) from None
+    dtype, lengths, pointers, n_doc = index.header.dtype, index.lengths, index.pointers, index.documents
     n_tok = int(lengths.sum(dtype=np.int64))
     if len(lengths) == 0 or n_tok == 0:
         raise ShardError(f"data shard {prefix}: empty (0 sequences or 0 tokens)")
     bin_path = Path(prefix + ".bin")
     need = int(pointers[-1]) + int(lengths[-1]) * np.dtype(dtype).itemsize
     if bin_path.stat().st_size < need:
-        raise ShardError(f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, "
-                         f"the index needs {need})")
+        raise ShardError(
+            f"data shard {prefix}: {bin_path} is truncated ({bin_path.stat().st_size} bytes, the index needs {need})"
+        )
     manifest = find_manifest(prefix)
     vocab, max_id, source = manifest_tokenizer(manifest).get("vocab_size", manifest.get("vocab_size")), None, None
     cpath = Path(prefix + ".counts.npy")
@@ -204,8 +163,18 @@ def inspect_shard(prefix: str, scan_if_unknown: bool = True, scan_cache: str | P
         max_id, source = (int(nz[-1]) if len(nz) else None), "counts"
     elif scan_if_unknown:
         max_id, source = _scan_cached(bin_path, dtype, None if scan_cache is None else Path(scan_cache))
-    return ShardInfo(prefix, len(lengths), n_doc, n_tok, dtype, None if vocab is None else int(vocab), max_id,
-                     lengths, manifest, source)
+    return ShardInfo(
+        prefix,
+        len(lengths),
+        n_doc,
+        n_tok,
+        dtype,
+        None if vocab is None else int(vocab),
+        max_id,
+        lengths,
+        manifest,
+        source,
+    )
 
 
 def manifest_tokenizer(manifest: dict) -> dict:
@@ -216,17 +185,21 @@ def manifest_tokenizer(manifest: dict) -> dict:
 
 def check_vocab(info: ShardInfo, model_vocab: int) -> None:
     if info.vocab_size is not None and info.vocab_size > model_vocab:
-        raise ShardError(f"data shard {info.prefix}: written with a {info.vocab_size}-token vocabulary, larger "
-                         f"than model.vocab_size={model_vocab}; use the matching model.vocab_size or re-tokenize")
+        raise ShardError(
+            f"data shard {info.prefix}: written with a {info.vocab_size}-token vocabulary, larger "
+            f"than model.vocab_size={model_vocab}; use the matching model.vocab_size or re-tokenize"
+        )
     if info.max_token_id is not None and info.max_token_id >= model_vocab:
-        raise ShardError(f"data shard {info.prefix}: contains token id {info.max_token_id}, outside "
-                         f"model.vocab_size={model_vocab}")
+        raise ShardError(
+            f"data shard {info.prefix}: contains token id {info.max_token_id}, outside model.vocab_size={model_vocab}"
+        )
 
 
 def split_bounds(split: str, n: int) -> list[tuple[int, int] | None]:
     """The [begin, end) sequence range of each split of an n-sequence shard, exactly as megatron-core cuts it."""
     from megatron.core.datasets.blended_megatron_dataset_config import convert_split_vector_to_split_matrix
     from megatron.core.datasets.utils import normalize
+
     out = []
     for b in convert_split_vector_to_split_matrix(normalize(split_weights(split))):
         out.append(None if b is None else (int(round(b[0] * float(n))), int(round(b[1] * float(n)))))
@@ -263,24 +236,30 @@ def check_data(cfg: Config, tok_sha: str | None = None) -> dict[str, ShardInfo]:
             check_vocab(infos[p], cfg.model.vocab_size)
             shard_sha = manifest_tokenizer(infos[p].manifest).get("sha256")
             if tok_sha and shard_sha and shard_sha != tok_sha:
-                raise ShardError(f"data shard {p}: tokenized with another tokenizer (sha256 {shard_sha[:12]}...) "
-                                 f"than data.tokenizer={d.tokenizer} ({tok_sha[:12]}...)")
+                raise ShardError(
+                    f"data shard {p}: tokenized with another tokenizer (sha256 {shard_sha[:12]}...) "
+                    f"than data.tokenizer={d.tokenizer} ({tok_sha[:12]}...)"
+                )
     want_valid = cfg.train.eval_interval > 0
     if d.valid_prefixes is None:
         names = ("train", "valid", "test")
         weights = split_weights(d.split)
         if want_valid and weights[1] == 0:
-            raise ConfigError(f"data.split: {d.split!r} has no validation part; give it one, set "
-                              "data.valid_prefixes, or set train.eval_interval=0")
+            raise ConfigError(
+                f"data.split: {d.split!r} has no validation part; give it one, set "
+                "data.valid_prefixes, or set train.eval_interval=0"
+            )
         for p in d.prefixes:
             lengths = infos[p].sequence_lengths
             for name, bounds in zip(names, split_bounds(d.split, len(lengths))):
                 if bounds is None:
                     continue
-                if int(lengths[bounds[0]:bounds[1]].sum(dtype=np.int64)) == 0:
-                    raise ShardError(f"data shard {p}: its {name} split ({d.split!r}) gets no tokens "
-                                     f"(documents {bounds[0]}:{bounds[1]} of {len(lengths)}); use a larger "
-                                     f"shard or another data.split")
+                if int(lengths[bounds[0] : bounds[1]].sum(dtype=np.int64)) == 0:
+                    raise ShardError(
+                        f"data shard {p}: its {name} split ({d.split!r}) gets no tokens "
+                        f"(documents {bounds[0]}:{bounds[1]} of {len(lengths)}); use a larger "
+                        f"shard or another data.split"
+                    )
     return infos
 
 
@@ -288,7 +267,7 @@ class _TokenIds:
     """The few tokenizer facts GPTDataset needs (it never tokenizes: the shards are already ids)."""
 
     def __init__(self, vocab_size: int, eod: int):
-        self.vocab_size, self.eod, self.pad = vocab_size, eod, -1   # -1: no id in the data is padding
+        self.vocab_size, self.eod, self.pad = vocab_size, eod, -1  # -1: no id in the data is padding
         self.unique_identifiers = {"class": "leviathan_pretrain.TokenIds", "vocab_size": vocab_size, "eod": eod}
 
 
@@ -307,25 +286,44 @@ def data_summary(cfg: Config) -> dict:
     sha256 and shard sizes."""
     tok_sha = tokenizer_sha256(cfg)
     infos = check_data(cfg, tok_sha)
-    return {"eod_id": eod_id(cfg, infos), "tokenizer_sha256": tok_sha,
-            "shards": {p: {"sequences": i.num_sequences, "documents": i.num_documents, "tokens": i.num_tokens,
-                           "vocab_size": i.vocab_size, "max_token_id": i.max_token_id,
-                           "max_id_source": i.max_id_source} for p, i in infos.items()}}
+    return {
+        "eod_id": eod_id(cfg, infos),
+        "tokenizer_sha256": tok_sha,
+        "shards": {
+            p: {
+                "sequences": i.num_sequences,
+                "documents": i.num_documents,
+                "tokens": i.num_tokens,
+                "vocab_size": i.vocab_size,
+                "max_token_id": i.max_token_id,
+                "max_id_source": i.max_id_source,
+            }
+            for p, i in infos.items()
+        },
+    }
 
 
 def dataset_config(cfg: Config, eod: int, path_to_cache: str | None = None):
     """The ``GPTDatasetConfig`` of a run (its index file names depend on everything but ``path_to_cache``)."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
     d = cfg.data
     blend = (list(d.prefixes), list(d.weights) if d.weights else None)
     kw = dict(blend=blend, split=d.split)
     if d.valid_prefixes is not None:
         kw = dict(blend_per_split=[blend, (list(d.valid_prefixes), None), None])
-    return GPTDatasetConfig(random_seed=d.seed, sequence_length=cfg.model.seq_length,
-                            path_to_cache=path_to_cache or str(cache_dir(cfg)),
-                            tokenizer=_TokenIds(cfg.model.vocab_size, eod),
-                            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=d.eod_mask_loss,
-                            create_attention_mask=False, mmap_bin_files=True, **kw)
+    return GPTDatasetConfig(
+        random_seed=d.seed,
+        sequence_length=cfg.model.seq_length,
+        path_to_cache=path_to_cache or str(cache_dir(cfg)),
+        tokenizer=_TokenIds(cfg.model.vocab_size, eod),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=d.eod_mask_loss,
+        create_attention_mask=False,
+        mmap_bin_files=True,
+        **kw,
+    )
 
 
 def build_splits(cfg: Config, eod: int, needs_data: bool, path_to_cache: str | None = None) -> list:
@@ -335,101 +333,18 @@ def build_splits(cfg: Config, eod: int, needs_data: bool, path_to_cache: str | N
 
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset
+
     logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
     sizes = sample_counts(cfg)
-    splits = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: needs_data,
-                                           dataset_config(cfg, eod, path_to_cache)).build()
+    splits = BlendedMegatronDatasetBuilder(
+        GPTDataset, sizes, lambda: needs_data, dataset_config(cfg, eod, path_to_cache)
+    ).build()
     train = splits[0]
     if needs_data and train is not None and len(train) < sizes[0]:
-        raise ShardError(f"data: the training blend yields {len(train)} samples, fewer than the "
-                         f"{sizes[0]} the run needs")
+        raise ShardError(
+            f"data: the training blend yields {len(train)} samples, fewer than the {sizes[0]} the run needs"
+        )
     return list(splits)
-
-
-def index_files(datasets) -> list[str]:
-    """Names (in the cache dir) of the index files megatron-core reads for these datasets, as it names them."""
-    out: list[str] = []
-    for ds in datasets:
-        if ds is None or not hasattr(ds, "unique_description_hash"):
-            continue
-        kind = type(ds).__name__
-        if hasattr(ds, "datasets"):                     # BlendedDataset
-            base, affixes = f"{ds.unique_description_hash}-{kind}-{ds.split.name}", BLENDED_FILES
-            out += [n for n in index_files(ds.datasets) if n not in out]
-        else:                                           # GPTDataset
-            base, affixes = f"{ds.unique_description_hash}-{kind}-{ds.index_split.name}", GPT_FILES
-        out += [f"{base}-{a}" for a in affixes if f"{base}-{a}" not in out]
-    return out
-
-
-GPT_FILES = ("document_index.npy", "sample_index.npy", "shuffle_index.npy", "description.txt")
-BLENDED_FILES = ("dataset_index.npy", "dataset_sample_index.npy", "description.txt")
-
-
-def _megatron_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("megatron-core")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def cache_fingerprint(cfg: Config, eod: int) -> dict:
-    """Everything that determines the index files: shards (path, size, mtime), blend, split, sequence length,
-    seed, samples per split, EOD id, vocabulary and the megatron-core version that builds them."""
-    d = cfg.data
-    shards = {}
-    for p in list(d.prefixes) + list(d.valid_prefixes or []):
-        shards[p] = {ext[1:]: _file_key(Path(p + ext)) if Path(p + ext).is_file() else None
-                     for ext in (".bin", ".idx")}
-    g = cfg.train.global_batch_size
-    return {"data.prefixes": list(d.prefixes), "data.weights": list(d.weights) if d.weights else None,
-            "data.split": d.split, "data.valid_prefixes": list(d.valid_prefixes) if d.valid_prefixes is not None
-            else None, "model.seq_length": cfg.model.seq_length, "data.seed": d.seed,
-            "samples (train.steps x train.global_batch_size, train.eval_iters x train.global_batch_size)":
-                [cfg.train.steps * g, cfg.train.eval_iters * g],
-            "eod id": eod, "model.vocab_size": cfg.model.vocab_size, "shard files (size, mtime)": shards,
-            "megatron-core": _megatron_version()}
-
-
-def fingerprint_key(fp: dict) -> str:
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def cache_status(cfg: Config, eod: int) -> tuple[bool, str]:
-    """(True, "") when the stamp in the cache dir lists this configuration and all its files are there with
-    the recorded sizes; else (False, why)."""
-    cdir = cache_dir(cfg)
-    fp = cache_fingerprint(cfg, eod)
-    entries = read_json(cdir / STAMP).get("entries")
-    if not isinstance(entries, dict) or not entries:
-        return False, f"{cdir / STAMP} does not exist" if not (cdir / STAMP).exists() else f"{cdir / STAMP} is empty"
-    entry = entries.get(fingerprint_key(fp))
-    if isinstance(entry, dict):
-        files = entry.get("files", {})
-        bad = [n for n, size in files.items() if not (cdir / n).is_file() or (cdir / n).stat().st_size != size]
-        if files and not bad:
-            return True, ""
-        return False, (f"{len(bad)} of its index files are missing or changed (e.g. {cdir / bad[0]})" if bad
-                       else "its stamp lists no files")
-    last = max((e for e in entries.values() if isinstance(e, dict)), key=lambda e: e.get("created", ""),
-               default={})
-    old = last.get("fingerprint", {})
-    diff = [f"{k}: {old.get(k)!r} -> {fp[k]!r}" for k in fp if old.get(k) != fp[k]]
-    return False, (f"it was built for another configuration ({'; '.join(diff)[:600]})" if diff
-                   else "no stamp entry matches this configuration")
-
-
-def write_stamp(cfg: Config, eod: int, files: list[str], built_by: str) -> Path:
-    """Record this configuration and its index files (with sizes) as complete in the cache dir's stamp."""
-    cdir = cache_dir(cfg)
-    fp = cache_fingerprint(cfg, eod)
-    stamp = read_json(cdir / STAMP)
-    entries = stamp.get("entries") if isinstance(stamp.get("entries"), dict) else {}
-    entries[fingerprint_key(fp)] = {"fingerprint": fp, "files": {n: (cdir / n).stat().st_size for n in files},
-                                    "built_by": built_by, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_text(cdir / STAMP, json.dumps({"format": 1, "entries": entries}, indent=1))
-    return cdir / STAMP
 
 
 def build_datasets(cfg: Config, eod: int, needs_data: bool):
@@ -440,26 +355,31 @@ def build_datasets(cfg: Config, eod: int, needs_data: bool):
     import torch.distributed as dist
 
     from leviathan_pretrain.build_data_cache import command_for
+
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     cdir = cache_dir(cfg)
-    complete, why = cache_status(cfg, eod)          # every rank: the same files, the same answer
+    complete, why = cache_status(cfg, eod)  # every rank: the same files, the same answer
     if not complete and cfg.data.require_prebuilt_cache:
-        raise ConfigError(f"data.require_prebuilt_cache: no complete prebuilt data index cache in {cdir} ({why}); "
-                          f"build it first with: {command_for(cfg)}")
+        raise ConfigError(
+            f"data.require_prebuilt_cache: no complete prebuilt data index cache in {cdir} ({why}); "
+            f"build it first with: {command_for(cfg)}"
+        )
     if rank == 0:
         if complete:
             print(f"[data] using the prebuilt data index cache {cdir}", flush=True)
         else:
-            print(f"[data] the data index cache in {cdir} is missing or incomplete ({why}); rank 0 builds it now, "
-                  "while the other ranks wait (up to parallel.init_timeout_minutes). For Pile-scale data build it "
-                  f"before training with: {command_for(cfg)}", flush=True)
+            print(
+                f"[data] the data index cache in {cdir} is missing or incomplete ({why}); rank 0 builds it now, "
+                "while the other ranks wait (up to parallel.init_timeout_minutes). For Pile-scale data build it "
+                f"before training with: {command_for(cfg)}",
+                flush=True,
+            )
     t0 = time.perf_counter()
     train, valid, test = build_splits(cfg, eod, needs_data)
     if rank == 0 and not complete and train is not None:
         try:
             stamp = write_stamp(cfg, eod, index_files([train, valid, test]), "train")
-            print(f"[data] built the data index cache in {time.perf_counter() - t0:.1f} s; stamped {stamp}",
-                  flush=True)
+            print(f"[data] built the data index cache in {time.perf_counter() - t0:.1f} s; stamped {stamp}", flush=True)
         except OSError as e:
             _warn(f"could not write the data cache stamp in {cdir} ({e})")
     return train, (valid if cfg.train.eval_interval > 0 else None)
@@ -474,8 +394,10 @@ class Batches:
 
     def micro_batch(self, start: int) -> dict[str, torch.Tensor]:
         samples = [self.ds[i] for i in range(start, start + self.m)]
-        return {k: torch.stack([torch.as_tensor(s[k]) for s in samples])
-                for k in ("tokens", "labels", "loss_mask", "position_ids")}
+        return {
+            k: torch.stack([torch.as_tensor(s[k]) for s in samples])
+            for k in ("tokens", "labels", "loss_mask", "position_ids")
+        }
 
     def global_batch(self, consumed: int) -> list[dict[str, torch.Tensor]]:
         """The ``gas`` micro-batches of this rank for the global batch starting at sample ``consumed``."""

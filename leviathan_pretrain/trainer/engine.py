@@ -1,22 +1,27 @@
 """The DeepSpeed engine for either path, behind one small interface (:class:`TrainEngine`).
 
-- PP = 1: megatron-core's ``GPTModel`` (``leviathan_pretrain.model.build_model``) under
+Both build the model from its one assembly (``leviathan_pretrain.model.model_pieces``), with
+:func:`build_settings` (TP size and megatron-core's TP group, precision, device) and every piece seeded from
+``train.seed + index``, so both paths start from the same weights:
+
+- PP = 1: the pieces run in order (``leviathan_pretrain.model.build_model``) under
   ``deepspeed.initialize(mpu=DeepSpeedMPU())``, ZeRO stage 0-3; gradient accumulation is DeepSpeed's (the
   loop calls ``backward``/``step`` once per micro-batch, DeepSpeed updates at the boundary).
-- PP > 1 (or ``parallel.pipeline_engine``): the same layers as a DeepSpeed ``PipelineModule`` (:mod:`.pipe`)
+- PP > 1 (or ``parallel.pipeline_engine``): the same pieces as a DeepSpeed ``PipelineModule`` (:mod:`.pipe`)
   and its ``PipelineEngine`` (``train_batch`` runs the whole 1F1B schedule for one global batch), ZeRO <= 1.
 
 Both report the global-batch loss (mean over micro-batches and data-parallel ranks, equal on every rank),
 the global gradient norm, and whether the update was applied (False = skipped as non-finite).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from leviathan_pretrain.config import Config
+from leviathan_pretrain.config import Config, ConfigError
+from leviathan_pretrain.model import BuildSettings, ModelConfigError, masked_mean
 from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
-from leviathan_pretrain.trainer.pipe import masked_mean
 from leviathan_pretrain.trainer.schedule import lr_at, param_groups
 
 
@@ -33,9 +38,14 @@ def deepspeed_config(cfg: Config, dp: int, own_clipping: bool) -> dict:
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
         "bf16": {"enabled": p.precision == "bf16"},
-        "fp16": {"enabled": p.precision == "fp16", "loss_scale": o.loss_scale,
-                 "initial_scale_power": o.initial_loss_scale_power, "loss_scale_window": 1000,
-                 "hysteresis": 2, "min_loss_scale": 1},
+        "fp16": {
+            "enabled": p.precision == "fp16",
+            "loss_scale": o.loss_scale,
+            "initial_scale_power": o.initial_loss_scale_power,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
         "checkpoint": {"tag_validation": "FAIL"},
     }
     return ds
@@ -57,7 +67,6 @@ class TrainEngine:
 
     def __init__(self, ds, cfg: Config, dp_group):
         self.ds, self.cfg, self.dp_group = ds, cfg, dp_group
-        self.nan_next = False
 
     def set_lr(self, lr: float) -> None:
         for g in self.ds.optimizer.param_groups:
@@ -78,14 +87,15 @@ class TrainEngine:
 
 
 class ModelEngine(TrainEngine):
-    """PP = 1: ``GPTModel`` under ``deepspeed.initialize``."""
+    """PP = 1: the model (``leviathan_pretrain.model.GPT``) under ``deepspeed.initialize``."""
 
     needs_data = True
 
     def _loss(self, mb: dict) -> torch.Tensor:
         dev = self.ds.device
-        per_token = self.ds(mb["tokens"].to(dev), mb["position_ids"].to(dev), attention_mask=None,
-                            labels=mb["labels"].to(dev))
+        per_token = self.ds(
+            mb["tokens"].to(dev), mb["position_ids"].to(dev), attention_mask=None, labels=mb["labels"].to(dev)
+        )
         return masked_mean(per_token, mb["loss_mask"].to(dev))
 
     def _mean_over_dp(self, total: torch.Tensor, n: int) -> float:
@@ -100,8 +110,6 @@ class ModelEngine(TrainEngine):
         total = torch.zeros((), device=self.ds.device)
         for mb in micro_batches:
             loss = self._loss(mb)
-            if self.nan_next:
-                loss = loss * float("nan")
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach().float()
@@ -131,14 +139,13 @@ class PipeEngine(TrainEngine):
 
     @staticmethod
     def _pipe_batches(micro_batches):
-        return iter([((mb["tokens"], mb["position_ids"]), (mb["labels"], mb["loss_mask"]))
-                     for mb in micro_batches or []])
+        return iter(
+            [((mb["tokens"], mb["position_ids"]), (mb["labels"], mb["loss_mask"])) for mb in micro_batches or []]
+        )
 
     def train_step(self, micro_batches: list[dict] | None) -> tuple[float, bool]:
         skipped_before = self.ds.skipped_steps
-        self.loss_fn.nan_next = self.nan_next
         loss = self.ds.train_batch(self._pipe_batches(micro_batches))
-        self.loss_fn.nan_next = False
         return float(loss.item()), self.ds.skipped_steps == skipped_before
 
     def eval_loss(self, batches: list[list[dict]] | None, n_batches: int) -> float:
@@ -150,30 +157,59 @@ class PipeEngine(TrainEngine):
         return total / n_batches
 
 
+def build_settings(cfg: Config, device: torch.device) -> BuildSettings:
+    """What the model builders need of this run: ``cfg.parallel`` with this rank's device and megatron-core's
+    tensor-parallel group (the one place the trainer hands process groups to the model)."""
+    from megatron.core import parallel_state as ps
+
+    return BuildSettings.from_parallel(cfg.parallel, tp_group=ps.get_tensor_model_parallel_group(), device=device)
+
+
+def build_module(cfg: Config, device: torch.device, data_parallel: int):
+    """The PP = 1 model, or the ``(PipelineModule, PipeLoss)`` pair; a model that cannot be built as configured
+    is a config error (exit code 2, like the checks at config load)."""
+    try:
+        build = build_settings(cfg, device)
+        if cfg.parallel.uses_pipeline_engine:
+            from leviathan_pretrain.trainer.pipe import build_pipeline
+
+            return build_pipeline(
+                cfg.model,
+                build,
+                stages=cfg.parallel.pipeline_parallel,
+                data_parallel=data_parallel,
+                seed=cfg.train.seed,
+            )
+        from leviathan_pretrain.model import build_model
+
+        return build_model(cfg.model, build, seed=cfg.train.seed)
+    except ModelConfigError as e:
+        raise ConfigError(str(e)) from e
+
+
 def build_engine(cfg: Config, device: torch.device) -> TrainEngine:
     """Build the model (or pipeline), its AdamW and the DeepSpeed engine; collective."""
     import deepspeed
     from megatron.core import parallel_state as ps
 
     from leviathan_pretrain.parallel import DeepSpeedMPU
-    from leviathan_pretrain.trainer.checkpoint import install_safe_engine
+    from leviathan_pretrain.trainer.safe_io import install_safe_engine
+
     dp = ps.get_data_parallel_world_size()
     own_clipping = cfg.parallel.zero_stage == 0 and cfg.parallel.precision == "fp32"
     ds_config = deepspeed_config(cfg, dp, own_clipping)
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
     if cfg.parallel.uses_pipeline_engine:
-        from leviathan_pretrain.model import build_transformer_config
-        from leviathan_pretrain.trainer.pipe import build_pipeline
-        module, loss_fn = build_pipeline(cfg, build_transformer_config(cfg, device))
+        module, loss_fn = build_module(cfg, device, dp)
         opt = build_optimizer(module, cfg, own_clipping)
         ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, dist_init_required=False)
         eng = PipeEngine(ds, cfg, ps.get_data_parallel_group(), loss_fn)
     else:
-        from leviathan_pretrain.model import build_model
-        module = build_model(cfg, device)
+        module = build_module(cfg, device, dp)
         opt = build_optimizer(module, cfg, own_clipping)
-        ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, mpu=DeepSpeedMPU(),
-                                      dist_init_required=False)
+        ds, *_ = deepspeed.initialize(
+            model=module, optimizer=opt, config=ds_config, mpu=DeepSpeedMPU(), dist_init_required=False
+        )
         eng = ModelEngine(ds, cfg, ps.get_data_parallel_group())
     install_safe_engine(ds)
     return eng

@@ -14,13 +14,21 @@ Non-finite steps: a step whose loss or gradient norm is NaN/Inf is skipped (no p
 schedule not advanced) and counted. DeepSpeed's optimizers detect it themselves (fp16 loss-scale overflow,
 ZeRO 1-3 and bf16 gradient checks); ZeRO stage 0 in fp32 uses :class:`AdamWSkipNonFinite` for the same.
 """
+
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
+import time
+import traceback
 
 import torch
 import torch.distributed as dist
+
+from leviathan_pretrain.config import TrainConfig
+from leviathan_pretrain.model.inputs import TokenIdError
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -33,21 +41,22 @@ class Diverged(RuntimeError):
 
 
 class BadStepCounter:
-    """Consecutive and total skipped (non-finite) steps; raises :class:`Diverged` at the limit."""
+    """Consecutive non-finite steps; raises :class:`Diverged` at the limit (the total lives in TrainState)."""
 
-    def __init__(self, limit: int, total: int = 0):
-        self.limit, self.consecutive, self.total = limit, 0, total
+    def __init__(self, limit: int):
+        self.limit, self.consecutive = limit, 0
 
     def update(self, step: int, bad: bool, loss: float, grad_norm: float | None) -> None:
         if not bad:
             self.consecutive = 0
             return
         self.consecutive += 1
-        self.total += 1
         if self.consecutive >= self.limit:
-            raise Diverged(f"step {step}: {self.consecutive} consecutive non-finite steps (loss={loss}, "
-                           f"grad_norm={grad_norm}; limit train.max_bad_steps={self.limit}); stopping without "
-                           f"saving (the last good checkpoint is untouched)")
+            raise Diverged(
+                f"step {step}: {self.consecutive} consecutive non-finite steps (loss={loss}, "
+                f"grad_norm={grad_norm}; limit train.max_bad_steps={self.limit}); stopping without "
+                f"saving (the last good checkpoint is untouched)"
+            )
 
 
 def is_finite(x) -> bool:
@@ -77,6 +86,21 @@ class StopSignals:
         self._old.clear()
 
 
+def stop_requested(t: TrainConfig, signals: StopSignals, step: int, t0: float, device) -> str | None:
+    """Collective: why to stop now (a signal on any rank, ``train.exit_at_step``, ``train.exit_after_minutes``
+    on any rank), or None. Every rank gets the same answer."""
+    timed_out = t.exit_after_minutes is not None and time.monotonic() - t0 > 60 * t.exit_after_minutes
+    flags = torch.tensor([1.0 if signals.received is not None else 0.0, 1.0 if timed_out else 0.0], device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[0] > 0:
+        return "signal"
+    if t.exit_at_step is not None and step >= t.exit_at_step:
+        return "exit_at_step"
+    if flags[1] > 0:
+        return "exit_after_minutes"
+    return None
+
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashed")
 
@@ -90,11 +114,6 @@ def abort_rank(e: BaseException) -> None:
     ``os._exit``. gloo peers see the connection drop within a second and end the same way; with NCCL the
     launcher ends them (torchrun, ``srun --kill-on-bad-exit=1``, mpirun all stop the job when one rank exits
     non-zero). Exit code: 2 for a bad token id (bad data), 130 for Ctrl-C, else 1."""
-    import os
-    import sys
-    import traceback
-
-    from leviathan_pretrain.model.inputs import TokenIdError
     rank = os.environ.get("RANK", "0")
     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     if isinstance(e, KeyboardInterrupt):
@@ -102,8 +121,11 @@ def abort_rank(e: BaseException) -> None:
         print(f"[rank {rank}] interrupted", file=sys.stderr, flush=True)
     elif isinstance(e, RuntimeError) and any(p in str(e) for p in PEER_LOST):
         code = 1
-        print(f"[rank {rank}] stopping: another rank exited (its error is in its own output): {msg}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank}] stopping: another rank exited (its error is in its own output): {msg}",
+            file=sys.stderr,
+            flush=True,
+        )
     elif isinstance(e, TokenIdError):
         code = EXIT_CONFIG
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
@@ -135,10 +157,16 @@ class AdamWSkipNonFinite(torch.optim.AdamW):
     def grad_norm(self) -> float:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
         parallel = ps.model_parallel_is_initialized()
-        grads = [p.grad for g in self.param_groups for p in g["params"]
-                 if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
-                 and (not parallel or param_is_not_tensor_parallel_duplicate(p))]
+        grads = [
+            p.grad
+            for g in self.param_groups
+            for p in g["params"]
+            if p.grad is not None
+            and not getattr(p, "ds_pipe_replicated", False)
+            and (not parallel or param_is_not_tensor_parallel_duplicate(p))
+        ]
         dev = grads[0].device if grads else torch.device("cpu")
         sq = torch.zeros(1, dtype=torch.float64, device=dev)
         for grad in grads:

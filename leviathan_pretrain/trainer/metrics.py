@@ -17,6 +17,7 @@ step's wall time, ``step_time_s``, which ``benchmarks/bench_train.py --summarize
 ``valid`` and ``event`` records; it is what tests and scripts read. On resume, records after the resumed
 step are dropped (and TensorBoard purges them via ``purge_step``), so each step appears once.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,13 +37,16 @@ def rss_gb() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
     except OSError:
         import resource
+
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def memory_stats(device: torch.device) -> dict:
     if device.type == "cuda":
-        return {"memory/cuda_max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-                "memory/rss_gb": rss_gb()}
+        return {
+            "memory/cuda_max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
+            "memory/rss_gb": rss_gb(),
+        }
     return {"memory/rss_gb": rss_gb()}
 
 
@@ -52,10 +56,10 @@ def perplexity(loss: float) -> float:
 
 # Dense peak FLOP/s per GPU from the vendors' datasheets (no sparsity), by precision. fp32 is the plain
 # (non-tensor-core) rate: torch does not use TF32 for fp32 matmuls unless told to.
-GPU_PEAK_FLOPS = (   # (substrings of torch.cuda.get_device_name(), all must match), {precision: FLOP/s}
+GPU_PEAK_FLOPS = (  # (substrings of torch.cuda.get_device_name(), all must match), {precision: FLOP/s}
     (("H200",), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     (("H100", "PCIe"), {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    (("H100", "HBM3"), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),       # H100 SXM
+    (("H100", "HBM3"), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),  # H100 SXM
     (("H100", "SXM"), {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     (("A100",), {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
 )
@@ -104,8 +108,9 @@ def truncate_log(path: Path, last_step: int) -> None:
 
 
 class Metrics:
-    def __init__(self, out_dir: Path, tb_dir: Path | None, is_writer: bool, resume_step: int, log_interval: int,
-                 total_steps: int):
+    def __init__(
+        self, out_dir: Path, tb_dir: Path | None, is_writer: bool, resume_step: int, log_interval: int, total_steps: int
+    ):
         self.is_writer, self.log_interval, self.total_steps = is_writer, log_interval, total_steps
         self.tb = None
         self.log = None
@@ -118,6 +123,7 @@ class Metrics:
         self.log = open(path, "a", buffering=1)
         if tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
+
             self.tb = SummaryWriter(str(tb_dir), purge_step=resume_step + 1 if resume_step else None)
 
     def record(self, rec: dict) -> None:
@@ -141,19 +147,28 @@ class Metrics:
         if not self.is_writer:
             return
         self.record({"step": step, **rec})
-        self.scalars(step, {"train/loss": rec["loss"], "train/lr": rec["lr"], "train/grad_norm": rec["grad_norm"],
-                            "train/skipped_steps": rec["skipped_total"]})
+        self.scalars(
+            step,
+            {
+                "train/loss": rec["loss"],
+                "train/lr": rec["lr"],
+                "train/grad_norm": rec["grad_norm"],
+                "train/skipped_steps": rec["skipped_total"],
+            },
+        )
         if extra:
             self.scalars(step, extra)
             gn = rec["grad_norm"]
             mem = extra.get("memory/cuda_max_allocated_gb", extra.get("memory/rss_gb", 0.0))
-            print(f"[train] step {step:>6}/{self.total_steps} | loss {rec['loss']:.4f} | "
-                  f"ppl {extra['train/perplexity']:.2f} | lr {rec['lr']:.3e} | "
-                  f"gnorm {gn if gn is None else f'{gn:.3f}'} | {extra['perf/tokens_per_s']:,.0f} tok/s | "
-                  f"{extra['perf/step_time_s']:.3f} s/step | {extra['perf/tflops_per_device']:.3f} TFLOP/s | "
-                  + (f"mfu {100 * extra['perf/mfu']:.2f}% | " if "perf/mfu" in extra else "")
-                  + f"mem {mem:.2f} GB | skipped {rec['skipped_total']}",
-                  flush=True)
+            print(
+                f"[train] step {step:>6}/{self.total_steps} | loss {rec['loss']:.4f} | "
+                f"ppl {extra['train/perplexity']:.2f} | lr {rec['lr']:.3e} | "
+                f"gnorm {gn if gn is None else f'{gn:.3f}'} | {extra['perf/tokens_per_s']:,.0f} tok/s | "
+                f"{extra['perf/step_time_s']:.3f} s/step | {extra['perf/tflops_per_device']:.3f} TFLOP/s | "
+                + (f"mfu {100 * extra['perf/mfu']:.2f}% | " if "perf/mfu" in extra else "")
+                + f"mem {mem:.2f} GB | skipped {rec['skipped_total']}",
+                flush=True,
+            )
 
     def valid(self, step: int, loss: float) -> None:
         if not self.is_writer:

@@ -30,6 +30,7 @@ Work-arounds for DeepSpeed 0.19.8, each needed for exact results (found by compa
 - the converter and the universal loader call ``torch.load(weights_only=False)`` themselves: both run with
   ``torch.load`` forced to weights-only with our allow-list (no arbitrary unpickling, as everywhere else).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,36 +43,41 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from leviathan_pretrain.trainer.safe_io import CheckpointError, safe_load
+
 UNIVERSAL = "universal"
 DONE = "CONVERTED"
 
 
 def check_layout(saved: dict, tp: int, pp: int, dp: int, zero_stage: int, reshard: bool, where) -> None:
     """Raise ``CheckpointError`` unless this run can load a checkpoint written with layout ``saved``."""
-    from leviathan_pretrain.trainer.checkpoint import CheckpointError
     old = (saved.get("tp"), saved.get("pp"), saved.get("dp"), saved.get("zero_stage"))
     was = f"TP={old[0]} PP={old[1]} DP={old[2]} ZeRO {old[3]}"
     now = f"TP={tp} PP={pp} DP={dp} ZeRO {zero_stage}"
     if (old[0], old[1]) != (tp, pp):
-        raise CheckpointError(f"{where}: written with {was}, this run has {now}; changing tensor or pipeline "
-                              f"parallelism on resume is not supported: resume with parallel.tensor_parallel="
-                              f"{old[0]} parallel.pipeline_parallel={old[1]} (any number of nodes)")
+        raise CheckpointError(
+            f"{where}: written with {was}, this run has {now}; changing tensor or pipeline "
+            f"parallelism on resume is not supported: resume with parallel.tensor_parallel="
+            f"{old[0]} parallel.pipeline_parallel={old[1]} (any number of nodes)"
+        )
     if old[3] is not None and old[3] != zero_stage:
-        raise CheckpointError(f"{where}: written with {was}, this run has {now}; resume with "
-                              f"parallel.zero_stage={old[3]}")
+        raise CheckpointError(
+            f"{where}: written with {was}, this run has {now}; resume with parallel.zero_stage={old[3]}"
+        )
     if old[2] != dp and not reshard:
-        raise CheckpointError(f"{where}: written with {was}, this run has {now}; set checkpoint.reshard=true "
-                              "to resume at another data-parallel size (DeepSpeed universal checkpoint)")
+        raise CheckpointError(
+            f"{where}: written with {was}, this run has {now}; set checkpoint.reshard=true "
+            "to resume at another data-parallel size (DeepSpeed universal checkpoint)"
+        )
 
 
 @contextlib.contextmanager
 def _weights_only_torch_load(drop_none_module_entries: bool = False):
     """Force ``torch.load`` to weights-only loading with our allow-list while DeepSpeed's converter/loader run."""
-    from leviathan_pretrain.trainer.checkpoint import safe_load
     real = torch.load
 
     def load(f, map_location=None, *args, **kw):
-        torch.load = real                  # safe_load calls torch.load itself
+        torch.load = real  # safe_load calls torch.load itself
         try:
             obj = safe_load(f, map_location)
         finally:
@@ -89,6 +95,7 @@ def _weights_only_torch_load(drop_none_module_entries: bool = False):
 
 def _best_effort_layer_maps() -> None:
     from deepspeed.checkpoint.deepspeed_checkpoint import DeepSpeedCheckpoint as C
+
     if getattr(C, "_leviathan_patched", False):
         return
     orig = C._build_transformer_file_map
@@ -96,7 +103,7 @@ def _best_effort_layer_maps() -> None:
     def build(self):
         try:
             return orig(self)
-        except ZeroDivisionError:           # fewer transformer layer files than pipeline stages
+        except ZeroDivisionError:  # fewer transformer layer files than pipeline stages
             return {}
 
     C._build_transformer_file_map = build
@@ -106,12 +113,20 @@ def _best_effort_layer_maps() -> None:
 def convert(tag_dir: Path) -> tuple[Path, float]:
     """``<tag_dir>/universal`` from DeepSpeed's files (rank 0; reused when already converted)."""
     from deepspeed.checkpoint import ds_to_universal
+
     out = Path(tag_dir) / UNIVERSAL
     if (out / DONE).is_file():
         return out, 0.0
-    shutil.rmtree(out, ignore_errors=True)            # our own half-done conversion, inside our checkpoint
-    args = argparse.Namespace(input_folder=str(tag_dir), output_folder=str(out), num_extract_workers=1,
-                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
+    shutil.rmtree(out, ignore_errors=True)  # our own half-done conversion, inside our checkpoint
+    args = argparse.Namespace(
+        input_folder=str(tag_dir),
+        output_folder=str(out),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
     _best_effort_layer_maps()
     t0 = time.perf_counter()
     ds_to_universal.cnt = 0
@@ -127,6 +142,7 @@ def _zero3_tp_layout(ds_engine):
     from deepspeed.checkpoint.constants import DS_AUTOTP_UC_META
     from deepspeed.utils import groups
     from megatron.core import parallel_state as ps
+
     tp = ps.get_tensor_model_parallel_world_size()
     params = list(ds_engine.module.parameters())
     for p in params:
@@ -140,6 +156,7 @@ def _zero3_tp_layout(ds_engine):
         for p in params:
             delattr(p, DS_AUTOTP_UC_META)
         groups._TENSOR_MODEL_PARALLEL_GROUP = had
+
     return undo
 
 
@@ -147,6 +164,7 @@ def load_universal(ds_engine, ckpt_dir: Path, tag: str, zero_stage: int, log=pri
     """Collective: convert on rank 0 (the others wait on the world group), then load on every rank.
     Returns DeepSpeed's ``(path, client_state)``."""
     from megatron.core import parallel_state as ps
+
     tag_dir = Path(ckpt_dir) / tag
     box = [None]
     if dist.get_rank() == 0:
@@ -157,18 +175,20 @@ def load_universal(ds_engine, ckpt_dir: Path, tag: str, zero_stage: int, log=pri
             box = [("error", f"{type(e).__name__}: {e}")]
     dist.broadcast_object_list(box, src=0)
     if box[0][0] == "error":
-        from leviathan_pretrain.trainer.checkpoint import CheckpointError
         raise CheckpointError(f"{tag_dir}: conversion to DeepSpeed's universal format failed ({box[0][1]})")
     if dist.get_rank() == 0:
-        log(f"[train] resharding {tag}: DeepSpeed universal checkpoint {tag_dir / UNIVERSAL}"
-            + (f" (converted in {box[0][1]:.1f} s)" if box[0][1] else " (reused)"))
+        log(
+            f"[train] resharding {tag}: DeepSpeed universal checkpoint {tag_dir / UNIVERSAL}"
+            + (f" (converted in {box[0][1]:.1f} s)" if box[0][1] else " (reused)")
+        )
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in ds_engine.optimizer.param_groups]
     undo = _zero3_tp_layout(ds_engine) if zero_stage == 3 and ps.get_tensor_model_parallel_world_size() > 1 else None
     ds_engine._config.load_universal_checkpoint = True
     try:
         with _weights_only_torch_load():
-            path, client = ds_engine.load_checkpoint(str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=False)
+            path, client = ds_engine.load_checkpoint(
+                str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
     finally:
         ds_engine._config.load_universal_checkpoint = False
         if undo:
@@ -176,7 +196,7 @@ def load_universal(ds_engine, ckpt_dir: Path, tag: str, zero_stage: int, log=pri
     for g, h in zip(ds_engine.optimizer.param_groups, hyper):
         g.update(h)
     inner = getattr(ds_engine.optimizer, "optimizer", None)
-    for st in (inner.state.values() if inner is not None else ()):
+    for st in inner.state.values() if inner is not None else ():
         if torch.is_tensor(st.get("step")):
             st["step"] = st["step"].clone()
     return path, client

@@ -6,6 +6,7 @@
 - :func:`param_groups`: weight decay on matrices only; never on norms and biases, and on LEV's digit
   codebooks only when ``optim.decay_lev_codebooks`` is set (the model package's ``weight_decay_groups``).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,5 +34,6 @@ def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
 def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
     """The model's own grouping (norms, biases, LEV codebooks unless ``optim.decay_lev_codebooks``)."""
     from leviathan_pretrain.model import weight_decay_groups
+
     groups = weight_decay_groups(module, cfg.optim.weight_decay, cfg.optim.decay_lev_codebooks)
     return [g for g in groups if g["params"]]

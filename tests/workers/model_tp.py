@@ -7,6 +7,7 @@ their partition dim (respecting megatron's partition stride, e.g. SwiGLU's fc1).
 ``RESULT {json}`` per rank with, per variant, max |TP2 - TP1| of logits / loss / gradients, and the TP
 attribute checks of the layers' own parameters.
 """
+
 import json
 import sys
 
@@ -14,19 +15,33 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.model.gpt import build_model
+from leviathan_pretrain.model import BuildSettings, build_model
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
 
 VARIANTS = sys.argv[1].split(",")
-B, S, V = 2, 32, 1000          # V pads to 1024 at TP = 1 and TP = 2: identical master weights
+B, S, V = 2, 32, 1000  # V pads to 1024 at TP = 1 and TP = 2: identical master weights
 
 
 def small_cfg(variant, tp):
-    return load_config(None, [
-        f"model.variant={variant}", f"model.vocab_size={V}", "model.hidden_size=64", "model.num_layers=2",
-        "model.num_attention_heads=4", "model.num_query_groups=2", f"model.seq_length={S}",
-        "model.lev.seed_dim=16", "model.lev.heads=4", "model.lev.knots=6", "model.lev.rank=8",
-        "model.lev.token_chunk=7", f"parallel.tensor_parallel={tp}", "parallel.device=cpu"])
+    return load_config(
+        None,
+        [
+            f"model.variant={variant}",
+            f"model.vocab_size={V}",
+            "model.hidden_size=64",
+            "model.num_layers=2",
+            "model.num_attention_heads=4",
+            "model.num_query_groups=2",
+            f"model.seq_length={S}",
+            "model.lev.seed_dim=16",
+            "model.lev.heads=4",
+            "model.lev.knots=6",
+            "model.lev.rank=8",
+            "model.lev.token_chunk=7",
+            f"parallel.tensor_parallel={tp}",
+            "parallel.device=cpu",
+        ],
+    )
 
 
 def gather_full(t, p, group, tp):
@@ -43,7 +58,7 @@ def gather_full(t, p, group, tp):
 def run(variant, tp, env, group):
     cfg = small_cfg(variant, tp)
     seed_everything(1234, env.device)
-    model = build_model(cfg)
+    model = build_model(cfg.model, BuildSettings.from_parallel(cfg.parallel, tp_group=group))
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, V, (B, S + 1), generator=g)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -57,8 +72,8 @@ def run(variant, tp, env, group):
         dist.all_gather(parts, logits.contiguous(), group=group)
         logits = torch.cat(parts, dim=-1)
     grads = {n: gather_full(p.grad, p, group, tp) for n, p in model.named_parameters()}
-    attrs = {n: bool(getattr(p, "tensor_model_parallel", False)) for n, p in model.embedding.named_parameters()}
-    full = model.embedding.full_parameters() if variant == "lev" else {}
+    attrs = {n: bool(getattr(p, "tensor_model_parallel", False)) for n, p in model.input_layer.named_parameters()}
+    full = model.input_layer.full_parameters() if variant == "lev" else {}
     return {"logits": logits, "loss": loss.detach(), "grads": grads, "attrs": attrs, "full": full}
 
 
@@ -67,6 +82,7 @@ def main():
     for tp in (1, 2):
         env = init_distributed(load_config(None, [f"parallel.tensor_parallel={tp}", "parallel.device=cpu"]).parallel)
         from megatron.core import parallel_state as ps
+
         group = ps.get_tensor_model_parallel_group()
         for v in VARIANTS:
             results[(tp, v)] = run(v, tp, env, group)
@@ -77,12 +93,16 @@ def main():
         assert a["grads"].keys() == b["grads"].keys(), (v, a["grads"].keys() ^ b["grads"].keys())
         gdiff = {n: float((a["grads"][n] - b["grads"][n]).abs().max()) for n in a["grads"]}
         worst = max(gdiff, key=gdiff.get)
-        out[v] = {"logits": float((a["logits"] - b["logits"]).abs().max()),
-                  "loss": float((a["loss"] - b["loss"]).abs().max()),
-                  "grad": gdiff[worst], "grad_worst": worst, "n_params": len(gdiff),
-                  "grad_scale": max(float(t.abs().max()) for t in a["grads"].values()),
-                  "tp_attrs": b["attrs"],
-                  "full_params": max((float((a["full"][n] - b["full"][n]).abs().max()) for n in a["full"]), default=-1.0)}
+        out[v] = {
+            "logits": float((a["logits"] - b["logits"]).abs().max()),
+            "loss": float((a["loss"] - b["loss"]).abs().max()),
+            "grad": gdiff[worst],
+            "grad_worst": worst,
+            "n_params": len(gdiff),
+            "grad_scale": max(float(t.abs().max()) for t in a["grads"].values()),
+            "tp_attrs": b["attrs"],
+            "full_params": max((float((a["full"][n] - b["full"][n]).abs().max()) for n in a["full"]), default=-1.0),
+        }
     print("RESULT " + json.dumps(out), flush=True)
     destroy_distributed()
 

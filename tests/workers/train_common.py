@@ -3,6 +3,7 @@
 Each multi-process launch runs several trainings (``tests/workers/train_runs.py``) and is run once per
 pytest session (``functools.cache``): the trajectory, resume, NaN and TensorBoard tests read the same runs.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -18,12 +19,29 @@ from tests.multiproc import REPO, base_env, run_ranks
 
 CONFIG = str(REPO / "configs" / "tiny-cpu-lev.yaml")
 # The tiny-cpu config, shrunk further so that a 60-step run takes seconds on 2 cores.
-TINY = ["model.vocab_size=512", "model.hidden_size=64", "model.num_layers=2", "model.num_attention_heads=4",
-        "model.seq_length=64", "model.lev.seed_dim=16", "model.lev.heads=4", "model.lev.rank=8",
-        "train.micro_batch_size=2", "train.global_batch_size=8", "train.eval_interval=10", "train.eval_iters=2",
-        "data.split=90,8,2", "logging.log_interval=5", "optim.lr=3e-3", "optim.min_lr=3e-4",
-        "optim.warmup_steps=2", "parallel.device=cpu", "parallel.precision=fp32", "checkpoint.save_interval=10",
-        "checkpoint.keep_last=2"]
+TINY = [
+    "model.vocab_size=512",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_attention_heads=4",
+    "model.seq_length=64",
+    "model.lev.seed_dim=16",
+    "model.lev.heads=4",
+    "model.lev.rank=8",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=8",
+    "train.eval_interval=10",
+    "train.eval_iters=2",
+    "data.split=90,8,2",
+    "logging.log_interval=5",
+    "optim.lr=3e-3",
+    "optim.min_lr=3e-4",
+    "optim.warmup_steps=2",
+    "parallel.device=cpu",
+    "parallel.precision=fp32",
+    "checkpoint.save_interval=10",
+    "checkpoint.keep_last=2",
+]
 
 
 @functools.cache
@@ -37,8 +55,14 @@ def workdir() -> Path:
 def shard() -> str:
     """One synthetic shard (200 documents, ~32k tokens, vocab 512, with counts.npy)."""
     prefix = str(workdir() / "data" / "synth")
-    subprocess.run([sys.executable, str(REPO / "tests/workers/train_data.py"), prefix], check=True, cwd=REPO,
-                   env=base_env(), capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(REPO / "tests/workers/train_data.py"), prefix],
+        check=True,
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        timeout=120,
+    )
     return prefix
 
 
@@ -62,7 +86,7 @@ def launch(tag: str, specs: list[dict], nprocs: int, timeout: float = 300) -> di
     for r in results:
         for line in r.output.splitlines():
             if line.startswith("RESULT "):
-                rec = json.loads(line[len("RESULT "):])
+                rec = json.loads(line[len("RESULT ") :])
                 codes.setdefault(rec["name"], {})[rec["rank"]] = rec.get("code")
                 if rec.get("error"):
                     errors.setdefault(rec["name"], {})[rec["rank"]] = f"{rec['error']}: {rec['message']}"
@@ -94,32 +118,58 @@ FULL = ("train.steps=60",)
 
 @functools.cache
 def single_process_runs() -> dict:
-    return launch("single", [
-        spec("ref", *TRAJ, "parallel.zero_stage=0"),
-        spec("ref_pipe", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true"),
-        spec("ref_pipe_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true", "model.variant=tied"),
-        spec("nan_skip", "train.steps=8", "train.eval_interval=0", "train.inject_nan_steps=[3,4]",
-             "train.max_bad_steps=3", "parallel.zero_stage=0", "logging.log_interval=1",
-             "checkpoint.save_interval=1", "checkpoint.keep_last=8"),
-    ], nprocs=1)
+    return launch(
+        "single",
+        [
+            spec("ref", *TRAJ, "parallel.zero_stage=0"),
+            spec("ref_pipe", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true"),
+            spec(
+                "ref_pipe_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_engine=true", "model.variant=tied"
+            ),
+            {
+                **spec(
+                    "nan_skip",
+                    "train.steps=8",
+                    "train.eval_interval=0",
+                    "train.max_bad_steps=3",
+                    "parallel.zero_stage=0",
+                    "logging.log_interval=1",
+                    "checkpoint.save_interval=1",
+                    "checkpoint.keep_last=8",
+                ),
+                "nan_steps": [3, 4],
+            },
+        ],
+        nprocs=1,
+    )
 
 
 @functools.cache
 def dp_tp_runs() -> dict:
-    return launch("dp_tp", [
-        spec("dp2_z1", *TRAJ, "parallel.zero_stage=1"),
-        spec("dp2_z2_full", *FULL, "parallel.zero_stage=2"),
-        spec("dp2_z2_part", *FULL, "parallel.zero_stage=2", "train.exit_at_step=30"),
-        spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=2", "logging.log_interval=1"),
-        spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "train.inject_nan_steps=[3]",
-             "train.inject_nan_rank=1", "parallel.zero_stage=1"),
-        spec("bad_batch", "train.global_batch_size=6", "train.micro_batch_size=2"),   # 6 % (2 x DP 2) != 0
-        {"name": "resume_false", "config": CONFIG,        # a fresh start into dp2_z1's checkpoints is refused
-         "overrides": overrides("dp2_z1", *TRAJ, "parallel.zero_stage=1", "checkpoint.resume=false")},
-        spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
-        spec("dp2_z0", *TRAJ, "parallel.zero_stage=0", "train.eval_interval=0"),
-        spec("dp2_z2", *TRAJ, "parallel.zero_stage=2", "train.eval_interval=0"),
-    ], nprocs=2)
+    return launch(
+        "dp_tp",
+        [
+            spec("dp2_z1", *TRAJ, "parallel.zero_stage=1"),
+            spec("dp2_z2_full", *FULL, "parallel.zero_stage=2"),
+            spec("dp2_z2_part", *FULL, "parallel.zero_stage=2", "train.exit_at_step=30"),
+            spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=2", "logging.log_interval=1"),
+            {
+                **spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "parallel.zero_stage=1"),
+                "nan_steps": [3],
+                "nan_rank": 1,
+            },
+            spec("bad_batch", "train.global_batch_size=6", "train.micro_batch_size=2"),  # 6 % (2 x DP 2) != 0
+            {
+                "name": "resume_false",
+                "config": CONFIG,  # a fresh start into dp2_z1's checkpoints is refused
+                "overrides": overrides("dp2_z1", *TRAJ, "parallel.zero_stage=1", "checkpoint.resume=false"),
+            },
+            spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
+            spec("dp2_z0", *TRAJ, "parallel.zero_stage=0", "train.eval_interval=0"),
+            spec("dp2_z2", *TRAJ, "parallel.zero_stage=2", "train.eval_interval=0"),
+        ],
+        nprocs=2,
+    )
 
 
 RESHARD_STOP = 26
@@ -131,37 +181,66 @@ def reshard_runs() -> dict:
     26; and the TP=2 run resumed at TP=1, which must be refused."""
     dp_tp_runs()
     stop = f"train.exit_at_step={RESHARD_STOP}"
-    return launch("reshard", [
-        *[spec(f"dp2_z{z}", "train.steps=60", stop, f"parallel.zero_stage={z}", "train.eval_interval=0")
-          for z in (0, 1, 2, 3)],
-        spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=1"),
-    ], nprocs=1)
+    return launch(
+        "reshard",
+        [
+            *[
+                spec(f"dp2_z{z}", "train.steps=60", stop, f"parallel.zero_stage={z}", "train.eval_interval=0")
+                for z in (0, 1, 2, 3)
+            ],
+            spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=1"),
+        ],
+        nprocs=1,
+    )
 
 
 @functools.cache
 def pipe_runs() -> dict:
-    dp_tp_runs()      # resumes the interrupted ZeRO-2 run in a fresh launch
-    return launch("pipe", [
-        spec("dp2_z2_part", *FULL, "parallel.zero_stage=2"),
-        spec("pp2_full", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"),
-        spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "train.exit_at_step=30"),
-        spec("pp2_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "model.variant=tied"),
-    ], nprocs=2)
+    dp_tp_runs()  # resumes the interrupted ZeRO-2 run in a fresh launch
+    return launch(
+        "pipe",
+        [
+            spec("dp2_z2_part", *FULL, "parallel.zero_stage=2"),
+            spec("pp2_full", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"),
+            spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "train.exit_at_step=30"),
+            spec("pp2_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "model.variant=tied"),
+        ],
+        nprocs=2,
+    )
 
 
 @functools.cache
 def pipe_resume_runs() -> dict:
     pipe_runs()
-    return launch("pipe_resume", [spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2")],
-                  nprocs=2)
+    return launch(
+        "pipe_resume", [spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2")], nprocs=2
+    )
 
 
 @functools.cache
 def four_process_runs() -> dict:
     """PP=2 combined with TP=2 and with DP=2 (4 processes): megatron-core's and DeepSpeed's rank grids agree."""
-    return launch("four", [
-        spec("pp2_tp2", "train.steps=60", "train.exit_at_step=6", "parallel.zero_stage=1",
-             "parallel.pipeline_parallel=2", "parallel.tensor_parallel=2", "train.eval_interval=0"),
-        spec("pp2_dp2", "train.steps=60", "train.exit_at_step=6", "parallel.zero_stage=1",
-             "parallel.pipeline_parallel=2", "train.eval_interval=0"),
-    ], nprocs=4, timeout=400)
+    return launch(
+        "four",
+        [
+            spec(
+                "pp2_tp2",
+                "train.steps=60",
+                "train.exit_at_step=6",
+                "parallel.zero_stage=1",
+                "parallel.pipeline_parallel=2",
+                "parallel.tensor_parallel=2",
+                "train.eval_interval=0",
+            ),
+            spec(
+                "pp2_dp2",
+                "train.steps=60",
+                "train.exit_at_step=6",
+                "parallel.zero_stage=1",
+                "parallel.pipeline_parallel=2",
+                "train.eval_interval=0",
+            ),
+        ],
+        nprocs=4,
+        timeout=400,
+    )

@@ -5,6 +5,7 @@ drawn Zipf-like so a few ids are frequent), ended by EOD id 0, so a model's loss
 ln(vocab) (unigram statistics first, then the transitions) -- written with
 megatron-core's own ``IndexedDatasetBuilder`` plus the ``PREFIX.counts.npy`` the data_prep stage writes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -13,10 +14,19 @@ from pathlib import Path
 import numpy as np
 
 
-def write_shard(prefix: str | Path, vocab: int = 512, docs: int = 200, seed: int = 0, min_len: int = 20,
-                max_len: int = 300, dtype=np.uint16, counts: bool = True) -> str:
+def write_shard(
+    prefix: str | Path,
+    vocab: int = 512,
+    docs: int = 200,
+    seed: int = 0,
+    min_len: int = 20,
+    max_len: int = 300,
+    dtype=np.uint16,
+    counts: bool = True,
+) -> str:
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
     prefix = str(prefix)
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -9,7 +9,10 @@ Run as ``python tests/workers/train_faults.py --config ... key=value ...`` (dire
   token id outside the vocabulary (the model raises ``TokenIdError`` on that rank only).
 - ``LEV_TEST_FSYNC_LOG=DIR``: every ``os.fsync`` is recorded as the path of its file descriptor in
   ``DIR/fsync-rank<R>.txt`` (which rank flushes which checkpoint file).
+- ``LEV_TEST_NAN_STEPS=3,4,5`` (+ ``LEV_TEST_NAN_RANK=R``): those steps' training loss is NaN
+  (:func:`tests.workers.inject.nan_loss`).
 """
+
 import io
 import os
 import signal
@@ -23,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from leviathan_pretrain.trainer import checkpoint as ckpt  # noqa: E402
 from leviathan_pretrain.trainer import data as tdata  # noqa: E402
+from tests.workers.inject import nan_loss  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -52,7 +56,7 @@ if bad_rank is not None and int(bad_rank) == RANK:
         mbs = _global_batch(self, consumed)
         if consumed == (bad_step - 1) * self.g:
             for mb in mbs:
-                mb["tokens"][0, 0] = 10**6          # far outside any test vocabulary
+                mb["tokens"][0, 0] = 10**6  # far outside any test vocabulary
         return mbs
 
     tdata.Batches.global_batch = global_batch
@@ -70,6 +74,10 @@ if fsync_dir:
         return _fsync(fd)
 
     os.fsync = fsync
+
+if os.environ.get("LEV_TEST_NAN_STEPS"):
+    rank = os.environ.get("LEV_TEST_NAN_RANK")
+    nan_loss(os.environ["LEV_TEST_NAN_STEPS"].split(","), None if rank is None else int(rank))
 
 from leviathan_pretrain.train import main  # noqa: E402
 

@@ -1,11 +1,13 @@
 """Worker: several training runs in one launch (each process pays its ~5-8 s of imports once).
 
 ``python tests/workers/train_runs.py SPEC.json`` where SPEC is ``[{"name": ..., "config": path|null,
-"overrides": [...]}, ...]``. Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code
+"overrides": [...], "nan_steps": [...], "nan_rank": int|null}, ...]`` (``nan_*``: test-only NaN losses,
+:mod:`tests.workers.inject`). Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code
 behind ``python -m leviathan_pretrain.train``), printing ``RESULT {"name", "rank", "code"}`` per run;
 a run that raises records the error type and message instead; the launch goes on after the errors every
 rank raises alike (config, shard, checkpoint errors) and stops after any other (ranks may be out of step).
 """
+
 import json
 import os
 import sys
@@ -17,13 +19,16 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not ins
 from leviathan_pretrain.config import load_config  # noqa: E402
 from leviathan_pretrain.parallel import destroy_distributed  # noqa: E402
 from leviathan_pretrain.trainer.loop import run  # noqa: E402
+from tests.workers.inject import nan_loss  # noqa: E402
 
 
 def main(spec_path: str) -> None:
     import torch.distributed as dist
+
     specs = json.loads(open(spec_path).read())
     for spec in specs:
         cfg = load_config(spec.get("config"), spec.get("overrides", []))
+        nan_loss(spec.get("nan_steps", ()), spec.get("nan_rank"))
         out = {"name": spec["name"]}
         try:
             out["code"] = run(cfg)

@@ -1,0 +1,254 @@
+"""Tokenize jsonl / jsonl.zst / plain-text files into megatron-core ``MMIDIDX`` shards.
+
+  python -m data_prep.tokenize --input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
+      --output-prefix data/pile_train --workers 16
+
+Writes PREFIX.bin + PREFIX.idx (one document per record, EOD = the tokenizer's eos id appended;
+uint16 if the vocabulary fits, else int32), PREFIX.counts.npy (int64 occurrences per token id) and
+PREFIX.manifest.json. With --split-by-set: one PREFIX.<set>.bin/.idx/.counts.npy per pile_set_name
+(PREFIX.counts.npy is then the total). Runs are resumable: see data_prep/parts.py. Under mpirun/srun
+add --mpi: input files are spread over the ranks, rank 0 merges; the bytes equal a one-process run.
+Does not import torch or megatron.core.
+"""
+
+# The docstring above is the --help text. `python -m data_prep.tokenize` (data_prep/tokenize.py) runs main().
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from data_prep.cli import UserError, human_bytes, log, set_log_prefix
+from data_prep.comm import LocalComm, MpiComm, RanksFailed
+from data_prep.manifest import Manifest
+from data_prep.outputs import existing_outputs
+from data_prep.parts import Job
+from data_prep.pipeline import Tokenizer
+from data_prep.runner import run_job
+from data_prep.shards import choose_dtype
+from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
+from data_prep.workdir import work_dir_for
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m data_prep.tokenize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="GLOB",
+        help="input files or globs, in order (document order = input order)",
+    )
+    ap.add_argument("--tokenizer", required=True, help="SentencePiece tokenizer.model")
+    ap.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx/.counts.npy/.manifest.json")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="encoder threads per process (default: usable cores, %(default)s here)",
+    )
+    ap.add_argument("--json-key", default="text", help="jsonl field holding the text (default: text)")
+    ap.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", "jsonl", "text"),
+        help="auto: *.jsonl/*.json/*.ndjson[.zst] are jsonl, anything else plain text",
+    )
+    ap.add_argument(
+        "--text-unit",
+        default="file",
+        choices=("file", "line", "paragraph"),
+        help="plain-text inputs: one document per file (default), per line, or per blank-line separated paragraph",
+    )
+    ap.add_argument("--include-sets", nargs="+", metavar="SET", help="keep only these pile_set_name values")
+    ap.add_argument("--exclude-sets", nargs="+", metavar="SET", help="drop these pile_set_name values")
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="named filter; pile-uncopyrighted drops " + ", ".join(PRESETS["pile-uncopyrighted"]["exclude_sets"]),
+    )
+    ap.add_argument(
+        "--split-by-set",
+        action="store_true",
+        help="one PREFIX.<set>.bin/.idx pair per pile_set_name (for weighted blending)",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "uint16", "int32"),
+        help="token dtype; auto = uint16 if vocab <= 65536 else int32",
+    )
+    ap.add_argument(
+        "--on-bad-record",
+        default="skip",
+        choices=("skip", "error"),
+        help="skip (and count) unusable records, or stop at the first one naming FILE:LINE",
+    )
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing outputs: PREFIX.bin/.idx/.counts.npy/.manifest.json, and delete "
+        "PREFIX.<set>.* shards of the previous run (only PREFIX's own files, in its directory)",
+    )
+    ap.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="partial shards for resuming go to DIR/<prefix basename>.data_prep-work (default: "
+        "PREFIX.work); created and marked by data_prep, removed after success; DIR itself is "
+        "never deleted, and an existing unmarked non-empty work dir is refused",
+    )
+    ap.add_argument("--keep-work", action="store_true", help="keep the work dir after success")
+    ap.add_argument(
+        "--max-record-bytes",
+        type=float,
+        default=512.0,
+        metavar="MB",
+        help="skip (as record_too_long) a jsonl line / text record longer than this, without "
+        "holding it in memory (default 512 MB, meant to be far above any real document)",
+    )
+    ap.add_argument(
+        "--batch-bytes",
+        type=float,
+        default=4.0,
+        metavar="MB",
+        help="text per encoder batch in MB (default 4); peak memory is about "
+        "100 MB + 6 x workers x this, whatever the corpus size",
+    )
+    ap.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=8192,
+        help="encode documents longer than 2x this in newline-ended pieces of ~this size "
+        "(SentencePiece is several times slower per byte on long strings); used only "
+        "when the tokenizer gives identical ids that way (checked at start); 0: never",
+    )
+    ap.add_argument(
+        "--mpi",
+        action="store_true",
+        help="run under mpirun/srun: spread input files over ranks (needs a shared filesystem)",
+    )
+    ap.add_argument(
+        "--log-interval", type=float, default=30.0, help="seconds between progress lines when stderr is not a terminal"
+    )
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    return ap
+
+
+def make_job(args: argparse.Namespace, argv) -> Job:
+    """The job of the parsed command line (``argv``: as given, for the manifest); UserError if it is unusable."""
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.batch_bytes <= 0:
+        raise UserError(f"--batch-bytes must be > 0, got {args.batch_bytes}")
+    if args.max_record_bytes <= 0:
+        raise UserError(f"--max-record-bytes must be > 0, got {args.max_record_bytes}")
+    max_record = max(1, int(args.max_record_bytes * 1e6))
+    inputs = expand_inputs(args.input)
+    for p in inputs:
+        input_format(p, args.format)
+    tok = Tokenizer(args.tokenizer)
+    dtype = choose_dtype(tok.vocab_size, args.dtype)
+    sf = make_set_filter(args.include_sets, args.exclude_sets, args.preset)
+    chunk = max(0, args.chunk_bytes)
+    if chunk and not tok.chunk_safe():
+        log(
+            "note: this tokenizer may merge across newlines or normalizes whitespace; encoding whole "
+            "documents (no --chunk-bytes speed-up)"
+        )
+        chunk = 0
+    prefix = args.output_prefix
+    _check_output_prefix(prefix, args.overwrite)
+    reader_kwargs = {
+        "fmt": args.format,
+        "json_key": args.json_key,
+        "text_unit": args.text_unit,
+        "set_filter": sf,
+        "on_bad": args.on_bad_record,
+        "batch_bytes": max(1, int(args.batch_bytes * 1e6)),
+        "max_record_bytes": max_record,
+    }
+    options = {
+        "json_key": args.json_key,
+        "format": args.format,
+        "text_unit": args.text_unit,
+        "on_bad_record": args.on_bad_record,
+        "preset": args.preset,
+        "max_record_bytes": max_record,
+        **sf.describe(),
+    }
+    return Job(
+        inputs=inputs,
+        tok=tok,
+        dtype=dtype,
+        out_prefix=prefix,
+        work_dir=work_dir_for(prefix, args.work_dir),
+        workers=args.workers,
+        split_by_set=args.split_by_set,
+        reader_kwargs=reader_kwargs,
+        options=options,
+        overwrite=args.overwrite,
+        keep_work=args.keep_work,
+        command=["python", "-m", "data_prep.tokenize", *(argv or sys.argv[1:])],
+        progress_interval=args.log_interval,
+        show_progress=not args.no_progress,
+        chunk_bytes=chunk,
+    )
+
+
+def _check_output_prefix(prefix: str, overwrite: bool) -> None:
+    """PREFIX names files in a writable directory (created if missing) and, without --overwrite, none exist."""
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        raise UserError(f"--output-prefix must name files, not a directory: {prefix} (e.g. {prefix.rstrip('/')}/train)")
+    if not overwrite:
+        found = existing_outputs(prefix)
+        if found:
+            raise UserError(f"output already exists: {found[0]} (pass --overwrite to replace it)")
+    parent = Path(prefix).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output directory {parent}: {e.strerror}") from None
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"output directory is not writable: {parent}")
+
+
+def summary(m: Manifest) -> str:
+    secs = m.elapsed_s
+    lines = [f"wrote {len(m.outputs)} shard pair(s), dtype {m.dtype}, EOD id {m.eod_id} ({m.tokenizer['eod_piece']}):"]
+    for o in m.outputs:
+        lines.append(f"  {o['prefix']}.bin/.idx  {o['documents']:,} docs  {o['tokens']:,} tokens")
+    skipped = sum(m.skipped.values())
+    lines.append(
+        f"total {m.documents:,} docs, {m.tokens:,} tokens, {human_bytes(m.text_bytes)} text "
+        f"from {len(m.inputs)} file(s) in {secs:.1f} s "
+        f"({m.text_bytes / 1e6 / max(secs, 1e-9):.2f} MB/s, "
+        f"{m.tokens / max(secs, 1e-9) / 1e6:.2f} M tokens/s)"
+    )
+    lines.append(
+        f"skipped {skipped:,} record(s)"
+        + (f": {m.skipped}" if skipped else "")
+        + (f"; filtered by set: {m.filtered_sets}" if m.filtered_sets else "")
+    )
+    lines.append(f"manifest: {m.manifest}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m data_prep.tokenize``: 0 on success; UserError (one process) or 2 (under --mpi) otherwise."""
+    set_log_prefix("data_prep.tokenize")
+    args = build_parser().parse_args(argv)
+    comm = MpiComm() if args.mpi else LocalComm()
+    if comm.ranked:
+        set_log_prefix(f"data_prep.tokenize rank {comm.rank}/{comm.size}")
+    try:
+        manifest = run_job(lambda: make_job(args, argv), comm)
+    except RanksFailed as e:
+        if comm.rank == 0:
+            print(f"error: {e}", flush=True, file=sys.stderr)
+        return 2
+    if comm.rank == 0:
+        log(summary(manifest))
+    return 0

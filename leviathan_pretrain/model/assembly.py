@@ -1,0 +1,147 @@
+"""The one assembly of the model: an ordered list of pieces, run in order at PP = 1 or cut into pipeline stages.
+
+:func:`model_pieces` is the single definition of what the model is (torchtitan's "one model definition serves
+unpipelined and pipelined runs", in the shape DeepSpeed's ``PipelineModule`` takes)::
+
+    index    piece                                         state-dict keys (relative to the piece)
+    0        InputPiece: the variant's input layer         embedding.*  (LEV: embedding.codebooks.weight, ...)
+    1 .. L   BlockPiece(layer_number=i): TransformerLayer  layer.*      (layer.self_attention.linear_qkv.weight, ...)
+    L + 1    FinalNorm: RMSNorm                            final_layernorm.weight
+    L + 2    OutputPiece: vocab-parallel head              output_layer.weight
+             TIED: tied_head on piece 0 (no weight of its own)
+
+    loss:      token_loss(logits [s, b, V/tp], labels [b, s]) -> [b, s]; masked_mean -> scalar
+
+The same list is used two ways:
+
+- :class:`GPT` (PP = 1): the pieces as children named like DeepSpeed names pipeline layers, so its state dict
+  is exactly ``PipelineModule.state_dict()`` of the same pieces on one stage: ``"<index>.<piece key>"``, and
+  for TIED the shared input piece under ``"tied_modules.embed.<piece key>"``. A pipeline checkpoint's file
+  ``layer_<index>-model_states.pt`` holds ``<piece key>`` of piece ``<index>``.
+- trainer/pipe.py: ``LayerSpec`` per piece (``TiedLayerSpec("embed", ...)`` for TIED's input and head).
+
+Both seed each piece from ``seed + index`` when built (:func:`seed_piece`, what ``PipelineModule``'s
+``seed_layers`` does), so the initial weights depend neither on the stage split nor on PP = 1 vs pipeline.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+
+from leviathan_pretrain.model.gpt import (
+    BlockPiece,
+    FinalNorm,
+    InputPiece,
+    OutputPiece,
+    build_transformer_config,
+    tied_head,
+    token_loss,
+)
+from leviathan_pretrain.model.settings import BuildSettings
+
+# The state-dict layout described above. 1: megatron-core GPTModel at PP = 1 (embedding.*, decoder.layers.N.*,
+# output_layer.*) and stage classes in the pipeline; 2: the pieces. Bump when names change, so a checkpoint
+# can say which layout it holds.
+LAYOUT_VERSION = 2
+TIE_KEY = "embed"
+TIED_WEIGHT = "embedding.word_embeddings.weight"  # TIED: the table shared by input and head, in InputPiece
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece: ``cls(*args)`` builds it. ``tie``: the key of a module shared between uses (TIED's table);
+    the first use builds it, later uses reuse it through ``forward_fn(module, x)`` (``None``: its forward).
+    ``tied_weight``: the shared parameter's attribute path in that module."""
+
+    cls: type
+    args: tuple
+    tie: str | None = None
+    forward_fn: Callable | None = None
+    tied_weight: str | None = None
+
+    def build(self) -> torch.nn.Module:
+        return self.cls(*self.args)
+
+
+def model_pieces(model, build: BuildSettings, tconfig=None) -> list[Piece]:
+    """The ordered pieces of ``model`` (``ModelConfig``) built with ``build``; see the module doc."""
+    tconfig = tconfig or build_transformer_config(model, build)
+    common = (model, build, tconfig)
+    tied = model.variant == "tied"
+    tie = dict(tie=TIE_KEY, tied_weight=TIED_WEIGHT) if tied else {}
+    pieces = [Piece(InputPiece, common, **tie)]
+    pieces += [Piece(BlockPiece, (*common, i + 1)) for i in range(model.num_layers)]
+    pieces.append(Piece(FinalNorm, common))
+    pieces.append(Piece(InputPiece, common, forward_fn=tied_head, **tie) if tied else Piece(OutputPiece, common))
+    return pieces
+
+
+def seed_piece(seed) -> None:
+    """Seed python, numpy and torch for building one piece (DeepSpeed's ``set_random_seed``; the seed may be a
+    numpy integer, which ``random.seed`` rejects on Python >= 3.11)."""
+    seed = int(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed % 2**63)
+
+
+class GPT(torch.nn.Module):
+    """The model at PP = 1: ``pieces`` run in order.
+
+    ``forward(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=None)`` returns the per-token
+    loss ``[b, s]`` with ``labels``, else the vocab-parallel logits ``[b, s, V_pad / tp]``. The model is
+    causal: ``attention_mask`` must be ``None`` (no padding masks). With ``seed``, piece ``i`` is built after
+    ``seed_piece(seed + i)``, as the pipeline builds it."""
+
+    def __init__(self, pieces: list[Piece], config=None, seed: int | None = None):
+        super().__init__()
+        self.config = config
+        self.tied_modules = torch.nn.ModuleDict()
+        self._funcs: list[Callable] = []
+        for i, piece in enumerate(pieces):
+            if seed is not None:
+                seed_piece(seed + i)
+            if piece.tie is None:
+                module = piece.build()
+                self.add_module(str(i), module)
+                self._funcs.append(module)
+                continue
+            if piece.tie not in self.tied_modules:
+                self.tied_modules[piece.tie] = piece.build()
+            module = self.tied_modules[piece.tie]
+            self._funcs.append(module if piece.forward_fn is None else partial(piece.forward_fn, module))
+
+    @property
+    def input_layer(self) -> torch.nn.Module:
+        """The variant's input layer (``LEVInput``, ``TableInput``, ...)."""
+        return self._funcs[0].embedding
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None):
+        if attention_mask is not None:
+            raise ValueError("attention_mask: the model is causal and takes no padding mask; pass None")
+        x = (input_ids, position_ids)
+        for f in self._funcs:
+            x = f(x)
+        if labels is None:
+            return x.transpose(0, 1).contiguous()
+        return token_loss(x, labels)
+
+
+def build_model(model, build: BuildSettings, seed: int | None = None) -> GPT:
+    """The PP = 1 model of ``model`` (``ModelConfig``); see :class:`GPT`. Parameters are created on the CPU
+    (on the current GPU for megatron-core's layers in a CUDA run without ``init_on_cpu``); move the model with
+    ``.to(device)`` (or let DeepSpeed do it)."""
+    tconfig = build_transformer_config(model, build)
+    return GPT(model_pieces(model, build, tconfig), config=tconfig, seed=seed)
+
+
+def masked_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``per_token`` over the positions where ``mask`` is set (the training loss)."""
+    mask = mask.to(per_token.dtype)
+    return (per_token.float() * mask.float()).sum() / mask.float().sum().clamp(min=1.0)

@@ -1,0 +1,90 @@
+"""What the model builders take besides ``ModelConfig``, and the model's own error type.
+
+:class:`BuildSettings` is the part of the parallel/run settings a model needs: tensor-parallel size and
+process group, parameter precision, device (where megatron-core initialises its weights and which attention
+runs) and ``init_on_cpu``. It is built once by the caller (``BuildSettings.from_parallel(cfg.parallel,
+tp_group=...)``) and handed down; nothing in the model reads megatron-core's global parallel state or the
+whole ``Config``.
+
+:class:`ModelConfigError` (a ``ValueError``) is what the builders raise for a model/settings combination they
+cannot build; config *loading* keeps its own validation and ``ConfigError`` (config.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+class ModelConfigError(ValueError):
+    """The model cannot be built as asked (names the setting, e.g. ``model.attention_backend``)."""
+
+
+def resolve_device(want: str):
+    """``auto`` | ``cpu`` | ``cuda`` -> a ``torch.device`` type (``auto``: CUDA when available). The one device
+    rule of the project: ``parallel.select_device`` adds the rank's GPU index and the availability check."""
+    import torch
+
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(want)
+
+
+def group_size(group) -> int:
+    """Ranks in ``group`` (1 for ``None``: TP = 1, or no torch.distributed)."""
+    return 1 if group is None else group.size()
+
+
+def group_rank(group) -> int:
+    return 0 if group is None else group.rank()
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Tensor-parallel size and group, precision and device of one model build.
+
+    ``tp_group`` is the ``torch.distributed`` group of this rank's tensor-parallel peers (megatron-core's
+    ``pg_collection.tp``); pass it whenever torch.distributed is initialised (also at TP = 1: megatron-core's
+    layers fall back to its global group otherwise). ``None`` only for standalone use (tests, benchmarks,
+    export) without a process group. ``device``: ``auto`` | ``cpu`` | ``cuda``."""
+
+    tensor_parallel: int = 1
+    tp_group: Any = None
+    precision: str = "fp32"
+    device: str = "auto"
+    init_on_cpu: bool = False
+    sequence_parallel: bool = False
+
+    @classmethod
+    def from_parallel(cls, parallel, tp_group=None, device=None) -> "BuildSettings":
+        """From a ``ParallelConfig`` (``tensor_parallel``, ``precision``, ``device``, ``init_on_cpu``,
+        ``sequence_parallel``); ``device`` overrides ``parallel.device`` (the rank's resolved device)."""
+        return cls(
+            tensor_parallel=parallel.tensor_parallel,
+            tp_group=tp_group,
+            precision=parallel.precision,
+            device=str(device) if device is not None else parallel.device,
+            init_on_cpu=parallel.init_on_cpu,
+            sequence_parallel=parallel.sequence_parallel,
+        )
+
+    def __post_init__(self):
+        if self.precision not in DTYPES:
+            raise ModelConfigError(f"parallel.precision: unknown {self.precision!r} (one of {', '.join(DTYPES)})")
+        if group_size(self.tp_group) != self.tensor_parallel:
+            raise ModelConfigError(
+                f"parallel.tensor_parallel={self.tensor_parallel} but the tensor-parallel group given has "
+                f"{group_size(self.tp_group)} rank(s) (initialise the process groups for this layout first)"
+            )
+
+    @property
+    def torch_device(self):
+        return resolve_device(self.device)
+
+    @property
+    def params_dtype(self):
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
