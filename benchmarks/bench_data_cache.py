@@ -128,6 +128,24 @@ def check_with_megatron(prefix: str, info: dict) -> None:
         assert len(doc) == ds.sequence_lengths[i] and doc[-1] == EOD and doc.max() <= EOD
 
 
+def build_args(prefix: str, seq: int, steps: int, global_batch: int, out_dir: Path) -> list[str]:
+    """``build_data_cache`` arguments: the tiny-cpu LEV config (GPT-2 vocabulary) over ``prefix``, split
+    969/30/1, ``steps`` steps of ``global_batch`` sequences of ``seq`` tokens."""
+    return [
+        "--config",
+        str(REPO / "configs/tiny-cpu-lev.yaml"),
+        f"model.vocab_size={MODEL_VOCAB}",
+        f"model.seq_length={seq}",
+        f"data.prefixes=[{prefix}]",
+        "data.split=969,30,1",
+        f"train.global_batch_size={global_batch}",
+        "train.micro_batch_size=8",
+        f"train.steps={steps}",
+        "train.eval_iters=10",
+        f"train.out_dir={out_dir}",
+    ]
+
+
 def run_build(args: list[str], report: Path) -> dict:
     """One build_data_cache process: wall time, its report (per-step seconds and peak RSS: the process resets
     the kernel's peak counter per step, so os.wait4's ru_maxrss would only show the last step's)."""
@@ -205,19 +223,7 @@ def main(argv=None) -> int:
         rows = []
         for seq in seqs:
             steps = max(1, (train_tokens - 1) // seq // args.global_batch)
-            cfg = [
-                "--config",
-                str(REPO / "configs/tiny-cpu-lev.yaml"),
-                f"model.vocab_size={MODEL_VOCAB}",
-                f"model.seq_length={seq}",
-                f"data.prefixes=[{prefix}]",
-                "data.split=969,30,1",
-                f"train.global_batch_size={args.global_batch}",
-                "train.micro_batch_size=8",
-                f"train.steps={steps}",
-                "train.eval_iters=10",
-                f"train.out_dir={tmp / 'out'}",
-            ]
+            cfg = build_args(prefix, seq, steps, args.global_batch, tmp / "out")
             runs = []
             for i in range(args.repeats + 1):  # cold runs into fresh cache dirs (scan too), then one warm
                 kind = "cold" if i < args.repeats else "warm"
@@ -331,17 +337,7 @@ def index_only(tmp: Path, rows: list[dict], info: dict, args) -> None:
     steps = max(1, (split_tokens(lengths, 969 / 1000) - 1) // 2048 // args.global_batch)
     del lengths
     cfg = [
-        "--config",
-        str(REPO / "configs/tiny-cpu-lev.yaml"),
-        f"model.vocab_size={MODEL_VOCAB}",
-        "model.seq_length=2048",
-        f"data.prefixes=[{prefix}]",
-        "data.split=969,30,1",
-        f"train.global_batch_size={args.global_batch}",
-        "train.micro_batch_size=8",
-        f"train.steps={steps}",
-        "train.eval_iters=10",
-        f"train.out_dir={tmp / 'out'}",
+        *build_args(prefix, 2048, steps, args.global_batch, tmp / "out"),
         f"data.cache_dir={tmp / 'cache-index-only'}",
     ]
     res = {}

@@ -30,6 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
+from leviathan_pretrain.trainer import data_cache as C  # light: no torch
+from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES, atomic_write_text
+
 EPILOG = """examples:
   python -m leviathan_pretrain.build_data_cache --config configs/400m-lev.yaml \\
       data.prefixes=[/data/pile_train_text_document] train.out_dir=runs/pile-400m
@@ -40,42 +44,21 @@ exit codes: 0 cache complete; 2 bad config or data (the message names the key or
 
 
 def parse_args(argv=None):
+
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.build_data_cache",
         description=__doc__.split("\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--config", help="the training YAML config (may name a 'base:' file it extends)")
-    ap.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="the training command's dotted overrides, e.g. train.steps=100000",
+    config_arguments(
+        ap,
+        config_help="the training YAML config (may name a 'base:' file it extends)",
+        overrides_help="the training command's dotted overrides, e.g. train.steps=100000",
     )
     ap.add_argument("--report", metavar="FILE", help="also write what was done (steps, files, peak RSS) as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every index file")
     return ap.parse_args(argv)
-
-
-def command_for(cfg) -> str:
-    """The ``build_data_cache`` command for this run: this process's own ``--config`` and overrides when it
-    was started as ``leviathan_pretrain.train``, else the resolved config the trainer writes."""
-    import shlex
-
-    if Path(sys.argv[0]).name == "train.py" and Path(sys.argv[0]).parent.name == "leviathan_pretrain":
-        from leviathan_pretrain.train import parse_args
-
-        try:
-            a = parse_args(sys.argv[1:])
-            args = (["--config", a.config] if a.config else []) + list(a.overrides)
-            return " ".join(["python -m leviathan_pretrain.build_data_cache", *map(shlex.quote, args)])
-        except SystemExit:
-            pass
-    resolved = Path(cfg.train.out_dir) / "config.json"
-    if resolved.is_file():
-        return f"python -m leviathan_pretrain.build_data_cache --config {shlex.quote(str(resolved))}"
-    return "python -m leviathan_pretrain.build_data_cache --config FILE key=value ... (this run's arguments)"
 
 
 def _proc_status(key: str) -> float | None:
@@ -149,7 +132,6 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
     loads them. An index set (``HASH-Class-split-*``) is linked only when all its files are there and intact:
     megatron rebuilds a set with any file missing, writing every file of it, and must never write through a
     link into the real cache. Returns the names of damaged files (an earlier build killed mid-write)."""
-    from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES
 
     sets: dict[str, dict[str, Path]] = {}
     for f in cdir.iterdir():
@@ -170,8 +152,8 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
 
 def build_cache(cfg, config_label: str = "", log=print) -> dict:
     """Checks, index build and stamp for ``cfg``; returns a report (steps with seconds and memory, files)."""
+    # imported here, not at the top: --help answers at once, and megatron-core's import cost is a reported step
     from leviathan_pretrain.trainer import data as D
-    from leviathan_pretrain.trainer import data_cache as C
 
     m = Meter()
     with m.step("import megatron-core"):
@@ -271,7 +253,6 @@ def print_report(rep: dict, log=print, verbose: bool = False) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from leviathan_pretrain.config import ConfigError, load_config_or_report
 
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
@@ -296,8 +277,6 @@ def main(argv=None) -> int:
         flush=True,
     )
     if args.report:
-        from leviathan_pretrain.trainer.data_cache import atomic_write_text
-
         atomic_write_text(Path(args.report), json.dumps(rep, indent=1))
     return 0
 

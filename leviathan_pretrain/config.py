@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from leviathan_pretrain.configlib import ConfigError, load, require, to_dict  # noqa: F401
+from leviathan_pretrain.model import sizes  # closed-form sizes only: no torch/megatron import
 
 VARIANTS = ("lev", "tied", "untied", "albert", "flat_mlp", "factored_mlp")
 
@@ -128,8 +129,6 @@ class ModelConfig:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
         tp = parallel.tensor_parallel
         if self.variant in ("flat_mlp", "factored_mlp"):
-            from leviathan_pretrain.model import sizes
-
             hidden = sizes.flat_mlp_dims(self)[1] if self.variant == "flat_mlp" else sizes.factored_mlp_hidden(self)
             require(
                 hidden % tp == 0,
@@ -406,3 +405,15 @@ def load_config_or_report(path: str | Path | None, overrides: list[str] | tuple 
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
+
+
+def config_arguments(
+    parser,
+    config_help: str = "YAML config (may name a 'base:' file it extends)",
+    overrides_help: str = "dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100",
+) -> None:
+    """Add ``--config FILE`` and the positional ``key=value`` overrides, the arguments of :func:`load_config`,
+    to an ``argparse`` parser: every entry point that loads a config (train, build_data_cache, params)
+    takes them alike."""
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)

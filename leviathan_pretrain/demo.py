@@ -20,6 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from data_prep.demo import run_demo
+from leviathan_pretrain.config import tokenizer_vocab_size
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --fresh deletes)
 
@@ -51,11 +54,9 @@ def main(argv=None) -> int:
         prefix, tokenizer, vocab = args.data_prefix, None, None
     else:
         print(f"[demo] data: data_prep.demo.run_demo({str(out)!r})", flush=True)
-        from data_prep.demo import run_demo
 
         data = run_demo(out)
         prefix, valid, tokenizer = data["train_prefix"], data["val_prefix"], data["tokenizer"]
-        from leviathan_pretrain.config import tokenizer_vocab_size
 
         vocab = tokenizer_vocab_size(tokenizer)
     print(

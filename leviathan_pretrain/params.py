@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.config import ConfigError, config_arguments, load_config
 from leviathan_pretrain.model import sizes
 
 
@@ -36,9 +36,8 @@ def format_breakdown(cfg, counts: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.params", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="YAML config (may name a base: file)")
+    config_arguments(ap, "YAML config (may name a base: file)", "dotted overrides, e.g. model.vocab_size=200019")
     ap.add_argument("--json", action="store_true", help="print one JSON object {input, body, head, total}")
-    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model.vocab_size=200019")
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)

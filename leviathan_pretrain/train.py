@@ -14,6 +14,8 @@ import os
 import sys
 import warnings
 
+from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
+
 EPILOG = """examples:
   python -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml
   python launchers/local.py -n 2 -- -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml \\
@@ -29,19 +31,14 @@ exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary 
 
 
 def parse_args(argv=None):
+
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.train",
         description=__doc__.split("\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--config", help="YAML config (may name a 'base:' file it extends)")
-    ap.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="dotted overrides, e.g. parallel.tensor_parallel=2 train.steps=100",
-    )
+    config_arguments(ap)
     # The `deepspeed` launcher appends --local_rank=N (LOCAL_RANK is in the environment as well).
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -49,8 +46,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from leviathan_pretrain.config import ConfigError, load_config_or_report
-
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
         return 2  # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
@@ -62,6 +57,8 @@ def main(argv=None) -> int:
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     else:
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    # Imported only now (measured ~6 s: torch, megatron-core, DeepSpeed): --help and config errors answer at
+    # once, and DS_ACCELERATOR / CUDA_DEVICE_MAX_CONNECTIONS must be set before DeepSpeed and megatron load.
     from leviathan_pretrain.parallel import destroy_distributed
     from leviathan_pretrain.trainer.checkpoint import CheckpointError
     from leviathan_pretrain.trainer.data import ShardError

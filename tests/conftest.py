@@ -8,6 +8,7 @@ Other test files (trainer, evaluation) may reuse these; they are cheap after the
                         of minipile train/00 and val with ``tokenizer_model`` (uint16, EOD = 2)
 * ``tokenizer_model_200k``  a 200k-piece model (int32 shards), trained on ~12 MB (slower: ~15 s)
 * ``run_cli``           run ``python -m MODULE ARGS`` in a subprocess with a timeout
+* ``tokenize``          run ``python -m data_prep.tokenize --input ... --tokenizer ... --output-prefix ...``
 
 Built artifacts live under ``$LEVIATHAN_TEST_CACHE`` (set by scripts/test.sh; a pytest temp dir
 otherwise), keyed by a hash of the code that makes them, built under a temporary name and renamed
@@ -84,10 +85,35 @@ def run_module(module: str, *args, timeout=300, check=True, env=None) -> subproc
     return _run([sys.executable, "-m", module, *map(str, args)], timeout=timeout, check=check, env=env)
 
 
+def run_tokenize(inputs, tokenizer, prefix, *args, timeout=300, check=True, env=None) -> subprocess.CompletedProcess:
+    """``python -m data_prep.tokenize --input INPUTS --tokenizer TOKENIZER --output-prefix PREFIX ARGS``;
+    ``inputs``: one path or a list of them."""
+    inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    return run_module(
+        "data_prep.tokenize",
+        "--input",
+        *inputs,
+        "--tokenizer",
+        tokenizer,
+        "--output-prefix",
+        prefix,
+        *args,
+        timeout=timeout,
+        check=check,
+        env=env,
+    )
+
+
 @pytest.fixture(scope="session")
 def run_cli():
     """``run_cli("data_prep.tokenize", "--input", ..., timeout=120, check=True)``."""
     return run_module
+
+
+@pytest.fixture(scope="session")
+def tokenize():
+    """``tokenize(src, tokenizer_model, prefix, "--workers", 2, timeout=120, check=False)``."""
+    return run_tokenize
 
 
 @pytest.fixture(scope="session")
@@ -155,18 +181,7 @@ def minipile_shards(test_cache, minipile_dir, tokenizer_model, data_prep_code_ke
 
     def build(tmp):
         for split, src in (("train", minipile_dir / "train" / "00.jsonl.zst"), ("val", minipile_dir / "val.jsonl.zst")):
-            run_module(
-                "data_prep.tokenize",
-                "--input",
-                src,
-                "--tokenizer",
-                tokenizer_model,
-                "--output-prefix",
-                tmp / split,
-                "--workers",
-                2,
-                timeout=600,
-            )
+            run_tokenize(src, tokenizer_model, tmp / split, "--workers", 2, timeout=600)
 
     d = build_once(test_cache, f"shards-{key}", build)
     return {"train": str(d / "train"), "val": str(d / "val")}

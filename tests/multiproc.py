@@ -58,6 +58,14 @@ def base_env(extra: dict | None = None) -> dict:
     return env
 
 
+def run_python(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python ARGS`` as one process in the repository, with :func:`base_env` (plus ``env``); output captured
+    as text."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=base_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def run_ranks(
     args: list[str],
     nprocs: int = 2,

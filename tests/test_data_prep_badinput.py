@@ -52,11 +52,11 @@ def _assert_one_line_error(p, *needles):
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_bad_records_are_skipped_and_counted(compress, tokenizer_model, run_cli, tmp_path):
+def test_bad_records_are_skipped_and_counted(compress, tokenizer_model, tokenize, tmp_path):
     lines = [_good(0)] + [b for b, _ in BAD_LINES] + [_good(1), _good(2)]
     src = write_lines(tmp_path / ("in.jsonl.zst" if compress else "in.jsonl"), lines, compress)
     prefix = str(tmp_path / "out")
-    p = run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix)
+    p = tokenize(src, tokenizer_model, prefix)
     m = json.load(open(prefix + ".manifest.json"))
     expected = {}
     for _, reason in BAD_LINES:
@@ -73,46 +73,25 @@ def test_bad_records_are_skipped_and_counted(compress, tokenizer_model, run_cli,
     assert ds.sequence_lengths.min() >= 2  # never a zero-length (or EOD-only) document
 
 
-def test_on_bad_record_error_names_file_and_line(tokenizer_model, run_cli, tmp_path):
+def test_on_bad_record_error_names_file_and_line(tokenizer_model, tokenize, tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [_good(0), _good(1), b'{"text": broken'])
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        src,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--on-bad-record",
-        "error",
-        check=False,
-    )
+    p = tokenize(src, tokenizer_model, prefix, "--on-bad-record", "error", check=False)
     _assert_one_line_error(p, f"{src}:3", "invalid_json")
     assert _outputs(prefix) == []
 
 
-def test_truncated_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, run_cli, tmp_path):
+def test_truncated_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, tokenize, tmp_path):
     raw = (minipile_dir / "val.jsonl.zst").read_bytes()
     src = tmp_path / "val_truncated.jsonl.zst"
     src.write_bytes(raw[: len(raw) * 2 // 3])
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "test.jsonl.zst",
-        src,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        check=False,
-    )
+    p = tokenize([minipile_dir / "test.jsonl.zst", src], tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, str(src), "truncated zstd stream", "after line")
     assert _outputs(prefix) == []
 
 
-def test_corrupt_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, run_cli, tmp_path):
+def test_corrupt_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, tokenize, tmp_path):
     # like the Pile's files (zstd's command line writes content checksums), so corruption is detectable
     plain = zstandard.ZstdDecompressor().stream_reader(open(minipile_dir / "val.jsonl.zst", "rb")).read()
     raw = bytearray(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(plain))
@@ -121,15 +100,13 @@ def test_corrupt_zst_is_an_error_naming_the_file(minipile_dir, tokenizer_model, 
     src = tmp_path / "val_corrupt.jsonl.zst"
     src.write_bytes(bytes(raw))
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, check=False
-    )
+    p = tokenize(src, tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, str(src), "zstd")
     assert _outputs(prefix) == []
 
 
 @pytest.mark.timeout(300)
-def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_cli, read_corpus, tmp_path):
+def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, tokenize, read_corpus, tmp_path):
     texts = [r["text"] for r in read_corpus(minipile_dir / "train" / "00.jsonl.zst")[:400]]
     big = "\n".join(texts)
     big = big * (50_000_000 // len(big.encode()) + 1)
@@ -141,18 +118,7 @@ def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_c
         f.write(json.dumps({"text": big, "meta": {"pile_set_name": "Books3"}}, ensure_ascii=False).encode() + b"\n")
         f.write(json.dumps({"text": "small one after"}).encode() + b"\n")
     prefix = str(tmp_path / "out")
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        src,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--workers",
-        2,
-        timeout=280,
-    )
+    tokenize(src, tokenizer_model, prefix, "--workers", 2, timeout=280)
     ds = IndexedDataset(prefix)
     assert len(ds) == 3
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
@@ -162,72 +128,42 @@ def test_a_50mb_single_document_round_trips(minipile_dir, tokenizer_model, run_c
     assert m["sets"]["Books3"]["text_bytes"] == len(big.encode())
 
 
-def test_missing_input_is_a_one_line_error(tokenizer_model, run_cli, tmp_path):
+def test_missing_input_is_a_one_line_error(tokenizer_model, tokenize, tmp_path):
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        tmp_path / "nope.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        check=False,
-    )
+    p = tokenize(tmp_path / "nope.jsonl.zst", tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, "input file not found", "nope.jsonl.zst")
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        str(tmp_path / "*.jsonl"),
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        check=False,
-    )
+    p = tokenize(str(tmp_path / "*.jsonl"), tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, "matches no file")
     assert _outputs(prefix) == []
 
 
-def test_existing_output_is_refused_unless_overwrite(minipile_dir, tokenizer_model, run_cli, tmp_path):
+def test_existing_output_is_refused_unless_overwrite(minipile_dir, tokenizer_model, tokenize, tmp_path):
     prefix = str(tmp_path / "out")
-    args = ["--input", minipile_dir / "test.jsonl.zst", "--tokenizer", tokenizer_model, "--output-prefix", prefix]
-    run_cli("data_prep.tokenize", *args)
+    tokenize(minipile_dir / "test.jsonl.zst", tokenizer_model, prefix)
     before = {f: open(f, "rb").read() for f in _outputs(prefix)}
     assert len(before) == 4
-    p = run_cli("data_prep.tokenize", *args[:1], minipile_dir / "val.jsonl.zst", *args[2:], check=False)
+    p = tokenize(minipile_dir / "val.jsonl.zst", tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, "already exists", "--overwrite")
     assert {f: open(f, "rb").read() for f in _outputs(prefix)} == before
-    run_cli("data_prep.tokenize", *args[:1], minipile_dir / "val.jsonl.zst", *args[2:], "--overwrite")
+    tokenize(minipile_dir / "val.jsonl.zst", tokenizer_model, prefix, "--overwrite")
     assert open(prefix + ".bin", "rb").read() != before[prefix + ".bin"]
     assert json.load(open(prefix + ".manifest.json"))["inputs"][0]["path"].endswith("val.jsonl.zst")
 
 
-def test_vocab_that_does_not_fit_the_dtype_is_refused(minipile_dir, tokenizer_model_200k, run_cli, tmp_path):
+def test_vocab_that_does_not_fit_the_dtype_is_refused(minipile_dir, tokenizer_model_200k, tokenize, tmp_path):
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "test.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model_200k,
-        "--output-prefix",
-        prefix,
-        "--dtype",
-        "uint16",
-        check=False,
-    )
+    p = tokenize(minipile_dir / "test.jsonl.zst", tokenizer_model_200k, prefix, "--dtype", "uint16", check=False)
     _assert_one_line_error(p, "uint16", "200000", "--dtype int32")
     assert _outputs(prefix) == []
 
 
-def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, run_cli, tmp_path):
+def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, tokenize, tmp_path):
     not_model = tmp_path / "tokenizer.model"
     not_model.write_bytes(b"this is not a sentencepiece model")
-    args = ["--input", minipile_dir / "test.jsonl.zst", "--output-prefix", tmp_path / "out"]
-    p = run_cli("data_prep.tokenize", *args, "--tokenizer", not_model, check=False)
+    src, prefix = minipile_dir / "test.jsonl.zst", tmp_path / "out"
+    p = tokenize(src, not_model, prefix, check=False)
     _assert_one_line_error(p, "not a SentencePiece model")
-    p = run_cli("data_prep.tokenize", *args, "--tokenizer", tmp_path / "missing.model", check=False)
+    p = tokenize(src, tmp_path / "missing.model", prefix, check=False)
     _assert_one_line_error(p, "tokenizer model not found")
     # a model without an EOS piece cannot mark document ends
     text = tmp_path / "t.txt"
@@ -235,22 +171,20 @@ def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, run_cli, tmp_path
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(tmp_path / "noeos"), vocab_size=40, eos_id=-1, model_type="bpe", minloglevel=2
     )
-    p = run_cli("data_prep.tokenize", *args, "--tokenizer", tmp_path / "noeos.model", check=False)
+    p = tokenize(src, tmp_path / "noeos.model", prefix, check=False)
     _assert_one_line_error(p, "no EOS piece")
 
 
-def test_all_records_skipped_is_an_error_not_an_empty_shard(tokenizer_model, run_cli, tmp_path):
+def test_all_records_skipped_is_an_error_not_an_empty_shard(tokenizer_model, tokenize, tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [b'{"text": ""}', b'{"text": "  "}', b"nonsense"])
     prefix = str(tmp_path / "out")
-    p = run_cli(
-        "data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, check=False
-    )
+    p = tokenize(src, tokenizer_model, prefix, check=False)
     _assert_one_line_error(p, "no documents to write")
     assert _outputs(prefix) == []
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, run_cli, tmp_path):
+def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, tokenize, tmp_path):
     """--max-record-bytes: a longer line (e.g. a corrupt file without newlines) is skipped as
     record_too_long, never held in memory whole; the records around it are tokenized."""
     long_line = b'{"text": "' + b"x" * 20_000_000 + b'"}'
@@ -258,8 +192,7 @@ def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, ru
         tmp_path / ("in.jsonl.zst" if compress else "in.jsonl"), [_good(0), long_line, _good(1), _good(2)], compress
     )
     prefix = str(tmp_path / "out")
-    args = ["--input", src, "--tokenizer", tokenizer_model, "--output-prefix", prefix, "--max-record-bytes", 1]
-    p = run_cli("data_prep.tokenize", *args)
+    p = tokenize(src, tokenizer_model, prefix, "--max-record-bytes", 1)
     m = json.load(open(prefix + ".manifest.json"))
     assert m["skipped"] == {"record_too_long": 1} and m["records"] == 4 and m["documents"] == 3
     assert [(e["file"], e["line"], e["reason"]) for e in m["skipped_examples"]] == [(str(src), 2, "record_too_long")]
@@ -268,10 +201,10 @@ def test_an_overlong_record_is_skipped_and_counted(compress, tokenizer_model, ru
     ds = IndexedDataset(prefix)
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
     assert [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))] == GOOD
-    p = run_cli(
-        "data_prep.tokenize", *args[:5], str(tmp_path / "strict"), *args[6:], "--on-bad-record", "error", check=False
+    p = tokenize(
+        src, tokenizer_model, str(tmp_path / "strict"), "--max-record-bytes", 1, "--on-bad-record", "error", check=False
     )
     _assert_one_line_error(p, f"{src}:2", "record_too_long")
     assert _outputs(str(tmp_path / "strict")) == []
-    p = run_cli("data_prep.tokenize", *args[:7], 0, check=False)
+    p = tokenize(src, tokenizer_model, prefix, "--max-record-bytes", 0, check=False)
     _assert_one_line_error(p, "--max-record-bytes")

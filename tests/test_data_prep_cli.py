@@ -75,19 +75,9 @@ def test_tokenize_imports_neither_torch_nor_megatron(minipile_dir, tokenizer_mod
     assert "RC 0 HEAVY []" in p.stdout, p.stdout + p.stderr
 
 
-def test_plain_progress_lines_when_not_a_terminal(minipile_dir, tokenizer_model, run_cli, tmp_path):
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "val.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        tmp_path / "o",
-        "--log-interval",
-        0,
-        "--batch-bytes",
-        0.1,
+def test_plain_progress_lines_when_not_a_terminal(minipile_dir, tokenizer_model, tokenize, tmp_path):
+    p = tokenize(
+        minipile_dir / "val.jsonl.zst", tokenizer_model, tmp_path / "o", "--log-interval", 0, "--batch-bytes", 0.1
     )
     lines = [ln for ln in p.stderr.splitlines() if "tok/s" in ln and "MB/s" in ln and " docs" in ln]
     assert len(lines) >= 3 and "\r" not in p.stderr

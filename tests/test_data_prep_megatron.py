@@ -38,21 +38,10 @@ def test_uint16_shard_is_byte_identical_to_megatron_builder(minipile_shards, tmp
 
 
 def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(
-    minipile_dir, tokenizer_model, minipile_shards, run_cli, tmp_path
+    minipile_dir, tokenizer_model, minipile_shards, tokenize, tmp_path
 ):
     prefix = str(tmp_path / "val32")
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "val.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--dtype",
-        "int32",
-        timeout=120,
-    )
+    tokenize(minipile_dir / "val.jsonl.zst", tokenizer_model, prefix, "--dtype", "int32", timeout=120)
     docs = _megatron_copy(prefix, str(tmp_path / "ref32"), np.int32)
     assert _same_files(prefix, str(tmp_path / "ref32"))
     ds16 = IndexedDataset(minipile_shards["val"])
@@ -62,21 +51,12 @@ def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(
 
 
 def test_200k_vocab_gives_int32_shards_that_round_trip(
-    minipile_dir, tokenizer_model_200k, run_cli, tmp_path, read_corpus
+    minipile_dir, tokenizer_model_200k, tokenize, tmp_path, read_corpus
 ):
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model_200k))
     assert sp.vocab_size() == 200000
     prefix = str(tmp_path / "val200k")
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "val.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model_200k,
-        "--output-prefix",
-        prefix,
-        timeout=120,
-    )
+    tokenize(minipile_dir / "val.jsonl.zst", tokenizer_model_200k, prefix, timeout=120)
     ds = IndexedDataset(prefix)
     assert ds.index.dtype == np.int32
     texts = [r["text"] for r in read_corpus(minipile_dir / "val.jsonl.zst")]
@@ -133,6 +113,24 @@ class _TokenIds:
         self.unique_identifiers = {"class": "test", "vocab_size": vocab_size, "eod": eod}
 
 
+def _gpt_datasets(blend, sizes: list, manifest: dict, **options):
+    """megatron-core's train/valid/test GPTDatasets over ``blend`` (prefixes, weights), with the shards'
+    vocabulary and EOD id from ``manifest``; ``options``: the rest of the GPTDatasetConfig (seed, split, ...)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    cfg = GPTDatasetConfig(
+        blend=blend,
+        tokenizer=_TokenIds(manifest["tokenizer"]["vocab_size"], manifest["eod_id"]),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        create_attention_mask=False,
+        mmap_bin_files=True,
+        **options,
+    )
+    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, cfg).build()
+
+
 def _runs_are_document_slices(tokens: np.ndarray, docs: list, eod: int) -> bool:
     """Every EOD-free run of a sample is a contiguous slice of one document."""
     blobs = [d[:-1].astype(np.int32).tobytes() for d in docs]
@@ -148,23 +146,10 @@ def _runs_are_document_slices(tokens: np.ndarray, docs: list, eod: int) -> bool:
 
 
 @pytest.mark.timeout(240)
-def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_model, run_cli, tmp_path):
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
+def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_model, tokenize, tmp_path):
     prefix = str(tmp_path / "sets")
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        minipile_dir / "val.jsonl.zst",
-        minipile_dir / "test.jsonl.zst",
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--split-by-set",
-        timeout=120,
-    )
+    inputs = [minipile_dir / "val.jsonl.zst", minipile_dir / "test.jsonl.zst"]
+    tokenize(inputs, tokenizer_model, prefix, "--split-by-set", timeout=120)
     m = json.load(open(prefix + ".manifest.json"))
     outs = {o["set"]: o["prefix"] for o in m["outputs"]}
     assert sorted(outs) == ["Dictionary", "Github", "PythonDocs"]
@@ -178,20 +163,16 @@ def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_
 
     eod, seq = m["eod_id"], 64
     # no index cache: megatron-core's BlendedDataset asks torch.distributed for the rank when caching
-    cfg = GPTDatasetConfig(
+    train, valid, test = _gpt_datasets(
+        ([outs["Github"], outs["Dictionary"], outs["PythonDocs"]], [0.5, 0.3, 0.2]),
+        [400, 40, 0],
+        m,
         random_seed=1234,
         sequence_length=seq,
         path_to_cache=None,
-        blend=([outs["Github"], outs["Dictionary"], outs["PythonDocs"]], [0.5, 0.3, 0.2]),
         split="90,10,0",
-        tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], eod),
-        reset_position_ids=False,
-        reset_attention_mask=False,
         eod_mask_loss=False,
-        create_attention_mask=False,
-        mmap_bin_files=True,
     )
-    train, valid, test = BlendedMegatronDatasetBuilder(GPTDataset, [400, 40, 0], lambda: True, cfg).build()
     assert len(train) >= 400 and len(valid) >= 40 and test is None
     all_docs = []
     for p in outs.values():
@@ -207,24 +188,17 @@ def test_split_by_set_shards_feed_a_blended_gpt_dataset(minipile_dir, tokenizer_
 
 @pytest.mark.timeout(240)
 def test_minipile_train_shard_feeds_gpt_dataset(minipile_shards, tokenizer_model, tmp_path):
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
     m = json.load(open(minipile_shards["train"] + ".manifest.json"))
-    cfg = GPTDatasetConfig(
+    train, valid, _ = _gpt_datasets(
+        ([minipile_shards["train"]], None),
+        [2000, 100, 0],
+        m,
         random_seed=7,
         sequence_length=256,
         path_to_cache=str(tmp_path / "cache"),
-        blend=([minipile_shards["train"]], None),
         split="98,2,0",
-        tokenizer=_TokenIds(m["tokenizer"]["vocab_size"], m["eod_id"]),
-        reset_position_ids=False,
-        reset_attention_mask=False,
         eod_mask_loss=True,
-        create_attention_mask=False,
-        mmap_bin_files=True,
     )
-    train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [2000, 100, 0], lambda: True, cfg).build()
     assert len(train) >= 2000 and len(valid) >= 100
     s = train[1999]
     toks = np.asarray(s["tokens"])

@@ -28,7 +28,7 @@ def _texts(prefix, tokenizer_model):
     return [sp.decode(ds[i][:-1].tolist()) for i in range(len(ds))]
 
 
-def test_preset_pile_uncopyrighted(pile_like, tokenizer_model, run_cli, tmp_path):
+def test_preset_pile_uncopyrighted(pile_like, tokenizer_model, tokenize, tmp_path):
     assert set(PRESETS["pile-uncopyrighted"]["exclude_sets"]) == {
         "Books3",
         "BookCorpus2",
@@ -38,17 +38,7 @@ def test_preset_pile_uncopyrighted(pile_like, tokenizer_model, run_cli, tmp_path
     }
     assert set(PRESETS["pile-uncopyrighted"]["exclude_sets"]) <= set(PILE_SET_NAMES)
     prefix = tmp_path / "unc"
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        pile_like,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--preset",
-        "pile-uncopyrighted",
-    )
+    tokenize(pile_like, tokenizer_model, prefix, "--preset", "pile-uncopyrighted")
     m = json.load(open(f"{prefix}.manifest.json"))
     assert sorted(m["sets"]) == ["Github", "Pile-CC"]
     assert m["filtered_sets"] == {"Books3": 3, "OpenWebText2": 3, "YoutubeSubtitles": 3}
@@ -58,43 +48,17 @@ def test_preset_pile_uncopyrighted(pile_like, tokenizer_model, run_cli, tmp_path
     ]
 
 
-def test_include_and_exclude_sets(pile_like, tokenizer_model, run_cli, tmp_path):
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        pile_like,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        tmp_path / "inc",
-        "--include-sets",
-        "Github",
-        "Books3",
-    )
+def test_include_and_exclude_sets(pile_like, tokenizer_model, tokenize, tmp_path):
+    tokenize(pile_like, tokenizer_model, tmp_path / "inc", "--include-sets", "Github", "Books3")
     m = json.load(open(tmp_path / "inc.manifest.json"))
     assert sorted(m["sets"]) == ["Books3", "Github"] and m["documents"] == 6
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
-        pile_like,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        tmp_path / "exc",
-        "--exclude-sets",
-        "Github",
-        "Wikipedia(en)",
-    )
+    p = tokenize(pile_like, tokenizer_model, tmp_path / "exc", "--exclude-sets", "Github", "Wikipedia(en)")
     assert "'Wikipedia(en)' is not one of the Pile's 22 set names" in p.stderr  # typo warning
     m = json.load(open(tmp_path / "exc.manifest.json"))
     assert "Github" not in m["sets"] and m["filtered_sets"] == {"Github": 3} and m["documents"] == 12
-    p = run_cli(
-        "data_prep.tokenize",
-        "--input",
+    p = tokenize(
         pile_like,
-        "--tokenizer",
         tokenizer_model,
-        "--output-prefix",
         tmp_path / "both",
         "--include-sets",
         "Github",
@@ -105,7 +69,7 @@ def test_include_and_exclude_sets(pile_like, tokenizer_model, run_cli, tmp_path)
     assert p.returncode == 2 and "both included and excluded" in p.stderr
 
 
-def test_json_key(tokenizer_model, run_cli, tmp_path):
+def test_json_key(tokenizer_model, tokenize, tmp_path):
     src = tmp_path / "c.jsonl"
     src.write_text(
         json.dumps({"content": "from the content field", "text": "not this"})
@@ -113,17 +77,7 @@ def test_json_key(tokenizer_model, run_cli, tmp_path):
         + json.dumps({"text": "no content key"})
         + "\n"
     )
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        src,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        tmp_path / "o",
-        "--json-key",
-        "content",
-    )
+    tokenize(src, tokenizer_model, tmp_path / "o", "--json-key", "content")
     m = json.load(open(tmp_path / "o.manifest.json"))
     assert m["skipped"] == {"missing_text_key": 1} and m["sets"] == {
         "(none)": {"documents": 1, "tokens": m["tokens"], "text_bytes": 22}
@@ -139,23 +93,12 @@ def test_json_key(tokenizer_model, run_cli, tmp_path):
         ("paragraph", ["first para\nline two", "second para", "third"]),
     ],
 )
-def test_plain_text_inputs(unit, expected, tokenizer_model, run_cli, tmp_path):
+def test_plain_text_inputs(unit, expected, tokenizer_model, tokenize, tmp_path):
     src = tmp_path / "notes.txt"
     src.write_text("first para\nline two\n\n\nsecond para\n   \nthird\n")
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9\n".encode("latin-1"))
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        src,
-        bad,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        tmp_path / "o",
-        "--text-unit",
-        unit,
-    )
+    tokenize([src, bad], tokenizer_model, tmp_path / "o", "--text-unit", unit)
     assert _texts(tmp_path / "o", tokenizer_model) == expected
     m = json.load(open(tmp_path / "o.manifest.json"))
     assert m["skipped"].get("invalid_utf8") == 1
@@ -163,18 +106,18 @@ def test_plain_text_inputs(unit, expected, tokenizer_model, run_cli, tmp_path):
         assert m["skipped"] == {"empty_text": 2, "invalid_utf8": 1, "whitespace_only": 1}
 
 
-def test_documents_with_u2581_are_counted(tokenizer_model, run_cli, tmp_path):
+def test_documents_with_u2581_are_counted(tokenizer_model, tokenize, tmp_path):
     """U+2581 is SentencePiece's space marker and decodes as a space: the one text that cannot round-trip.
     It is kept (the model still sees sensible tokens) and counted in the manifest."""
     src = tmp_path / "u.jsonl"
     src.write_text(json.dumps({"text": "plain"}) + "\n" + json.dumps({"text": "a\u2581b"}) + "\n")
-    run_cli("data_prep.tokenize", "--input", src, "--tokenizer", tokenizer_model, "--output-prefix", tmp_path / "o")
+    tokenize(src, tokenizer_model, tmp_path / "o")
     m = json.load(open(tmp_path / "o.manifest.json"))
     assert m["documents"] == 2 and m["documents_with_u2581"] == 1
     assert _texts(tmp_path / "o", tokenizer_model) == ["plain", "a b"]
 
 
-def test_split_by_set_names_and_unlabelled_records(tokenizer_model, run_cli, tmp_path):
+def test_split_by_set_names_and_unlabelled_records(tokenizer_model, tokenize, tmp_path):
     src = tmp_path / "m.jsonl"
     src.write_text(
         "".join(
@@ -188,16 +131,7 @@ def test_split_by_set_names_and_unlabelled_records(tokenizer_model, run_cli, tmp
         )
     )
     prefix = tmp_path / "s"
-    run_cli(
-        "data_prep.tokenize",
-        "--input",
-        src,
-        "--tokenizer",
-        tokenizer_model,
-        "--output-prefix",
-        prefix,
-        "--split-by-set",
-    )
+    tokenize(src, tokenizer_model, prefix, "--split-by-set")
     m = json.load(open(f"{prefix}.manifest.json"))
     assert {o["set"]: o["prefix"] for o in m["outputs"]} == {
         "(none)": f"{prefix}.no_set",

@@ -28,19 +28,8 @@ def small_input(tmp_path):
     return _jsonl(tmp_path / "in.jsonl", [f"document number {i}: some text\n" for i in range(20)])
 
 
-def _tokenize(run_cli, inputs, tokenizer, prefix, *extra, check=True):
-    return run_cli(
-        "data_prep.tokenize",
-        "--input",
-        *inputs,
-        "--tokenizer",
-        tokenizer,
-        "--output-prefix",
-        prefix,
-        "--no-progress",
-        *extra,
-        check=check,
-    )
+def _tokenize(tokenize, inputs, tokenizer, prefix, *extra, check=True):
+    return tokenize(inputs, tokenizer, prefix, "--no-progress", *extra, check=check)
 
 
 def _one_line_error(p, *needles):
@@ -59,75 +48,75 @@ def _outputs(prefix):
 
 
 def test_work_dir_option_uses_a_marked_subdirectory_and_keeps_the_users_files(
-    small_input, tokenizer_model, run_cli, tmp_path
+    small_input, tokenizer_model, tokenize, tmp_path
 ):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "user.txt").write_text("precious")
     prefix = tmp_path / "out" / "train"
     inputs = [small_input, _jsonl(tmp_path / "b.jsonl", ["another document", "and one more"])]
-    _tokenize(run_cli, inputs, tokenizer_model, prefix, "--work-dir", scratch, "--keep-work")
+    _tokenize(tokenize, inputs, tokenizer_model, prefix, "--work-dir", scratch, "--keep-work")
     work = scratch / "train.data_prep-work"
     marker = json.loads((work / MARKER).read_text())
     assert marker["output_prefix"] == os.path.realpath(prefix)
     assert (work / "part-00001" / "part.json").is_file()
     # a re-run resumes from the marked work dir, then removes it - and only it
-    p = _tokenize(run_cli, inputs, tokenizer_model, prefix, "--work-dir", scratch, "--overwrite")
+    p = _tokenize(tokenize, inputs, tokenizer_model, prefix, "--work-dir", scratch, "--overwrite")
     assert f"reusing {work / 'part-00000'}" in p.stderr and f"reusing {work / 'part-00001'}" in p.stderr
     assert not work.exists()
     assert sorted(os.listdir(scratch)) == ["user.txt"] and (scratch / "user.txt").read_text() == "precious"
 
 
-def test_a_work_dir_without_our_marker_is_refused(small_input, tokenizer_model, run_cli, tmp_path):
+def test_a_work_dir_without_our_marker_is_refused(small_input, tokenizer_model, tokenize, tmp_path):
     prefix = tmp_path / "out"
     work = tmp_path / "out.work"  # the default work dir, but the user's
     work.mkdir()
     (work / "notes.txt").write_text("mine")
-    p = _tokenize(run_cli, [small_input], tokenizer_model, prefix, check=False)
+    p = _tokenize(tokenize, [small_input], tokenizer_model, prefix, check=False)
     _one_line_error(p, work, "--work-dir")
     assert (work / "notes.txt").read_text() == "mine" and sorted(os.listdir(work)) == ["notes.txt"]
     assert _outputs(prefix) == []
     scratch = tmp_path / "scratch"  # the same under --work-dir
     (scratch / "out.data_prep-work").mkdir(parents=True)
     (scratch / "out.data_prep-work" / "x").write_text("x")
-    p = _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--work-dir", scratch, check=False)
+    p = _tokenize(tokenize, [small_input], tokenizer_model, prefix, "--work-dir", scratch, check=False)
     _one_line_error(p, scratch / "out.data_prep-work")
     assert (scratch / "out.data_prep-work" / "x").read_text() == "x"
     # an empty directory is used, and left as it was found (empty, not deleted)
     empty = tmp_path / "e.work"
     empty.mkdir()
-    _tokenize(run_cli, [small_input], tokenizer_model, tmp_path / "e")
+    _tokenize(tokenize, [small_input], tokenizer_model, tmp_path / "e")
     assert empty.is_dir() and os.listdir(empty) == [] and _outputs(tmp_path / "e")
 
 
-def test_only_what_we_wrote_is_removed_from_our_work_dir(small_input, tokenizer_model, run_cli, tmp_path):
+def test_only_what_we_wrote_is_removed_from_our_work_dir(small_input, tokenizer_model, tokenize, tmp_path):
     prefix = tmp_path / "out"
     work = tmp_path / "out.work"
-    _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--keep-work")
+    _tokenize(tokenize, [small_input], tokenizer_model, prefix, "--keep-work")
     assert (work / MARKER).is_file()
     (work / "mine.txt").write_text("mine")
     (work / "part-00007").mkdir()  # a part of an earlier run with more inputs: ours
-    _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--overwrite")
+    _tokenize(tokenize, [small_input], tokenizer_model, prefix, "--overwrite")
     assert sorted(os.listdir(work)) == sorted([MARKER, "mine.txt"])
     # another prefix's work dir (same name under --work-dir) is refused, not reused
     other = json.loads((work / MARKER).read_text())
     other["output_prefix"] = str(tmp_path / "elsewhere" / "out")
     (work / MARKER).write_text(json.dumps(other))
-    p = _tokenize(run_cli, [small_input], tokenizer_model, prefix, "--overwrite", check=False)
+    p = _tokenize(tokenize, [small_input], tokenizer_model, prefix, "--overwrite", check=False)
     _one_line_error(p, work, "elsewhere")
 
 
 # -- 2. --overwrite ----------------------------------------------------------------------------
 
 
-def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, run_cli, tmp_path):
+def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, tokenize, tmp_path):
     src = tmp_path / "in.jsonl"
     with open(src, "w") as f:
         for i in range(6):
             f.write(json.dumps({"text": f"text {i}", "meta": {"pile_set_name": "Github" if i % 2 else "ArXiv"}}) + "\n")
     data = tmp_path / "data"
     prefix = data / "out"
-    _tokenize(run_cli, [src], tokenizer_model, prefix, "--split-by-set")
+    _tokenize(tokenize, [src], tokenizer_model, prefix, "--split-by-set")
     assert os.path.exists(f"{prefix}.Github.bin") and os.path.exists(f"{prefix}.ArXiv.idx")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -151,7 +140,7 @@ def test_overwrite_deletes_only_this_prefixs_own_files(tokenizer_model, run_cli,
             }
         )
     open(f"{prefix}.manifest.json", "w").write(json.dumps(m))
-    _tokenize(run_cli, [src], tokenizer_model, prefix, "--overwrite")  # no longer split by set
+    _tokenize(tokenize, [src], tokenizer_model, prefix, "--overwrite")  # no longer split by set
     assert all(open(p).read() == "user data" for p in users)
     # this prefix's own stale set shards are still removed
     assert not [

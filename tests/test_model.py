@@ -18,31 +18,14 @@ from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.model.lev import LEVInput, lev_health
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
+from tests.small_model import small_model_overrides
 
 B, S, V = 4, 32, 1000
 RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def small(variant, *extra):
-    return load_config(
-        None,
-        [
-            f"model.variant={variant}",
-            f"model.vocab_size={V}",
-            "model.hidden_size=64",
-            "model.num_layers=2",
-            "model.num_attention_heads=4",
-            "model.num_query_groups=2",
-            f"model.seq_length={S}",
-            "model.lev.seed_dim=16",
-            "model.lev.heads=4",
-            "model.lev.knots=6",
-            "model.lev.rank=8",
-            "parallel.device=cpu",
-            "parallel.precision=fp32",
-            *extra,
-        ],
-    )
+    return load_config(None, [*small_model_overrides(variant, V, S), "parallel.precision=fp32", *extra])
 
 
 def settings(cfg, **over):

@@ -1,15 +1,13 @@
 """Configs and parameter counts: the 24 config files, the params CLI, the paper's ratios at V = 200k."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from leviathan_pretrain.config import VARIANTS, load_config
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.params import main as params_main
-from tests.multiproc import REPO, base_env
+from tests.multiproc import REPO, run_python
 
 SCALES = ("200m", "400m", "1.2b", "tiny-cpu")
 V200K = "model.vocab_size=200019"
@@ -62,20 +60,8 @@ def test_params_cli_json_has_exactly_the_four_keys(capsys):
 
 
 def test_params_cli_as_a_module_with_overrides():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "leviathan_pretrain.params",
-            "--config",
-            "configs/400m-tied.yaml",
-            "model.vocab_size=50257",
-        ],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_python(
+        "-m", "leviathan_pretrain.params", "--config", "configs/400m-tied.yaml", "model.vocab_size=50257", timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     assert "head" in proc.stdout and "vocab_size=50257" in proc.stdout
@@ -86,20 +72,13 @@ def test_params_cli_does_not_import_torch_or_megatron():
         "import sys; from leviathan_pretrain.params import main; main(['--config', 'configs/1.2b-lev.yaml', "
         "'--json']); assert 'torch' not in sys.modules and 'megatron' not in sys.modules"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=60
-    )
+    proc = run_python("-c", code, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_params_cli_reports_config_errors():
-    proc = subprocess.run(
-        [sys.executable, "-m", "leviathan_pretrain.params", "--config", "configs/1.2b-lev.yaml", "model.lev.knots=2"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_python(
+        "-m", "leviathan_pretrain.params", "--config", "configs/1.2b-lev.yaml", "model.lev.knots=2", timeout=60
     )
     assert proc.returncode == 2 and "model.lev.knots" in proc.stderr
 

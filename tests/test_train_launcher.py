@@ -2,12 +2,11 @@
 GPU check script's CPU dry mode (benchmarks/gpu_check.sh --dry)."""
 
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.multiproc import REPO, base_env
+from tests.multiproc import REPO, base_env, run_python
 
 # One write(2) per line: the ranks share the launcher's stdout, and unbuffered print() writes a line's text and
 # its newline separately, so lines of different ranks could interleave.
@@ -20,14 +19,7 @@ CHILD = (
 
 
 def launch(*args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "launchers/local.py", *args],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python("launchers/local.py", *args, timeout=timeout)
 
 
 def test_rank_variables_and_success():
@@ -71,21 +63,14 @@ def test_demo_fresh_and_gpu_check_never_delete_a_directory_they_did_not_create(t
     user = tmp_path / "out" / "train"
     user.mkdir(parents=True)
     (user / "thesis.tex").write_text("mine")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "leviathan_pretrain.demo",
-            "--out",
-            str(tmp_path / "out"),
-            "--data-prefix",
-            str(tmp_path / "none"),
-            "--fresh",
-        ],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
+    proc = run_python(
+        "-m",
+        "leviathan_pretrain.demo",
+        "--out",
+        str(tmp_path / "out"),
+        "--data-prefix",
+        str(tmp_path / "none"),
+        "--fresh",
         timeout=120,
     )
     assert proc.returncode == 2 and "was not created by the demo" in proc.stderr, proc.stderr

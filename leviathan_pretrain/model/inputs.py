@@ -178,6 +178,18 @@ def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype, group):
     )
 
 
+def _vocab_parallel_table(config, padded_vocab_size: int, dim: int, tp_group):
+    """A vocab-parallel ``V x dim`` embedding table (rows sharded over TP), the first step of the ALBERT and
+    flat-MLP inputs."""
+    return tensor_parallel.VocabParallelEmbedding(
+        num_embeddings=padded_vocab_size,
+        embedding_dim=dim,
+        init_method=config.embedding_init_method,
+        config=config,
+        tp_group=tp_group,
+    )
+
+
 def _mlp_partial(mod, x):
     """This rank's partial MLP output (``x`` replicated across TP)."""
     x = F.layer_norm(x, (x.shape[-1],), mod.ln_weight.to(x.dtype), mod.ln_bias.to(x.dtype), 1e-5)
@@ -193,13 +205,7 @@ class AlbertInput(UniqueIdInput):
     def __init__(self, config, model_cfg, padded_vocab_size: int, tp_group=None):
         super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.dim = sizes.albert_dim(model_cfg)
-        self.table = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=padded_vocab_size,
-            embedding_dim=self.dim,
-            init_method=config.embedding_init_method,
-            config=config,
-            tp_group=tp_group,
-        )
+        self.table = _vocab_parallel_table(config, padded_vocab_size, self.dim, tp_group)
         self.proj = replicated_param(
             [model_cfg.hidden_size, self.dim], normal_init(config.init_method_std), config.params_dtype
         )
@@ -214,13 +220,7 @@ class FlatMLPInput(UniqueIdInput):
     def __init__(self, config, model_cfg, padded_vocab_size: int, tp_group=None):
         super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.dim, self.mlp_hidden = sizes.flat_mlp_dims(model_cfg)
-        self.table = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=padded_vocab_size,
-            embedding_dim=self.dim,
-            init_method=config.embedding_init_method,
-            config=config,
-            tp_group=tp_group,
-        )
+        self.table = _vocab_parallel_table(config, padded_vocab_size, self.dim, tp_group)
         for name, p in _mlp_shards(
             self.dim, self.mlp_hidden, model_cfg.hidden_size, config.init_method_std, config.params_dtype, tp_group
         ).items():

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from data_prep.fileio import sha256_file
 from data_prep.mmidx import IndexFormatError, read_index
@@ -38,6 +39,7 @@ from leviathan_pretrain.trainer.data_cache import (
     atomic_write_text,
     cache_dir,
     cache_status,
+    command_for,
     index_files,
     read_json,
     write_stamp,
@@ -352,10 +354,6 @@ def build_datasets(cfg: Config, eod: int, needs_data: bool):
     unless ``build_data_cache`` built it: then every rank only loads it).
 
     ``needs_data`` is False on middle pipeline stages, which get ``(None, None)``."""
-    import torch.distributed as dist
-
-    from leviathan_pretrain.build_data_cache import command_for
-
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     cdir = cache_dir(cfg)
     complete, why = cache_status(cfg, eod)  # every rank: the same files, the same answer

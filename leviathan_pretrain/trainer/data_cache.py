@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -148,3 +150,21 @@ def write_stamp(cfg: Config, eod: int, files: list[str], built_by: str) -> Path:
     }
     atomic_write_text(cdir / STAMP, json.dumps({"format": 1, "entries": entries}, indent=1))
     return cdir / STAMP
+
+
+def command_for(cfg: Config) -> str:
+    """The ``build_data_cache`` command for this run: this process's own arguments when it was started as
+    ``leviathan_pretrain.train`` (without the ``--local_rank`` a launcher appends), else the resolved config
+    the trainer writes (``<out_dir>/config.json``)."""
+    if Path(sys.argv[0]).name == "train.py" and Path(sys.argv[0]).parent.name == "leviathan_pretrain":
+        args, skip = [], False
+        for a in sys.argv[1:]:
+            if skip or a.startswith(("--local_rank", "--local-rank")):
+                skip = a in ("--local_rank", "--local-rank")  # its value is the next argument
+                continue
+            args.append(a)
+        return shlex.join(["python", "-m", "leviathan_pretrain.build_data_cache", *args])
+    resolved = Path(cfg.train.out_dir) / "config.json"
+    if resolved.is_file():
+        return f"python -m leviathan_pretrain.build_data_cache --config {shlex.quote(str(resolved))}"
+    return "python -m leviathan_pretrain.build_data_cache --config FILE key=value ... (this run's arguments)"

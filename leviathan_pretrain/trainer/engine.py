@@ -16,12 +16,17 @@ the global gradient norm, and whether the update was applied (False = skipped as
 
 from __future__ import annotations
 
+import deepspeed
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, masked_mean
+from leviathan_pretrain.model import BuildSettings, ModelConfigError, build_model, masked_mean
+from leviathan_pretrain.parallel import DeepSpeedMPU
 from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
+from leviathan_pretrain.trainer.pipe import build_pipeline
+from leviathan_pretrain.trainer.safe_io import install_safe_engine
 from leviathan_pretrain.trainer.schedule import lr_at, param_groups
 
 
@@ -160,8 +165,6 @@ class PipeEngine(TrainEngine):
 def build_settings(cfg: Config, device: torch.device) -> BuildSettings:
     """What the model builders need of this run: ``cfg.parallel`` with this rank's device and megatron-core's
     tensor-parallel group (the one place the trainer hands process groups to the model)."""
-    from megatron.core import parallel_state as ps
-
     return BuildSettings.from_parallel(cfg.parallel, tp_group=ps.get_tensor_model_parallel_group(), device=device)
 
 
@@ -171,8 +174,6 @@ def build_module(cfg: Config, device: torch.device, data_parallel: int):
     try:
         build = build_settings(cfg, device)
         if cfg.parallel.uses_pipeline_engine:
-            from leviathan_pretrain.trainer.pipe import build_pipeline
-
             return build_pipeline(
                 cfg.model,
                 build,
@@ -180,8 +181,6 @@ def build_module(cfg: Config, device: torch.device, data_parallel: int):
                 data_parallel=data_parallel,
                 seed=cfg.train.seed,
             )
-        from leviathan_pretrain.model import build_model
-
         return build_model(cfg.model, build, seed=cfg.train.seed)
     except ModelConfigError as e:
         raise ConfigError(str(e)) from e
@@ -189,12 +188,6 @@ def build_module(cfg: Config, device: torch.device, data_parallel: int):
 
 def build_engine(cfg: Config, device: torch.device) -> TrainEngine:
     """Build the model (or pipeline), its AdamW and the DeepSpeed engine; collective."""
-    import deepspeed
-    from megatron.core import parallel_state as ps
-
-    from leviathan_pretrain.parallel import DeepSpeedMPU
-    from leviathan_pretrain.trainer.safe_io import install_safe_engine
-
     dp = ps.get_data_parallel_world_size()
     own_clipping = cfg.parallel.zero_stage == 0 and cfg.parallel.precision == "fp32"
     ds_config = deepspeed_config(cfg, dp, own_clipping)

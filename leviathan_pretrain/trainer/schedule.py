@@ -14,6 +14,7 @@ import math
 import torch
 
 from leviathan_pretrain.config import Config, OptimConfig
+from leviathan_pretrain.model.accounting import weight_decay_groups
 
 
 def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
@@ -33,7 +34,6 @@ def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
 
 def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
     """The model's own grouping (norms, biases, LEV codebooks unless ``optim.decay_lev_codebooks``)."""
-    from leviathan_pretrain.model import weight_decay_groups
 
     groups = weight_decay_groups(module, cfg.optim.weight_decay, cfg.optim.decay_lev_codebooks)
     return [g for g in groups if g["params"]]

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from leviathan_pretrain.config import load_config
 from leviathan_pretrain.model import BuildSettings, build_model
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
+from tests.small_model import small_model_overrides
 
 VARIANTS = sys.argv[1].split(",")
 B, S, V = 2, 32, 1000  # V pads to 1024 at TP = 1 and TP = 2: identical master weights
@@ -24,23 +25,7 @@ B, S, V = 2, 32, 1000  # V pads to 1024 at TP = 1 and TP = 2: identical master w
 
 def small_cfg(variant, tp):
     return load_config(
-        None,
-        [
-            f"model.variant={variant}",
-            f"model.vocab_size={V}",
-            "model.hidden_size=64",
-            "model.num_layers=2",
-            "model.num_attention_heads=4",
-            "model.num_query_groups=2",
-            f"model.seq_length={S}",
-            "model.lev.seed_dim=16",
-            "model.lev.heads=4",
-            "model.lev.knots=6",
-            "model.lev.rank=8",
-            "model.lev.token_chunk=7",
-            f"parallel.tensor_parallel={tp}",
-            "parallel.device=cpu",
-        ],
+        None, [*small_model_overrides(variant, V, S), "model.lev.token_chunk=7", f"parallel.tensor_parallel={tp}"]
     )
 
 
