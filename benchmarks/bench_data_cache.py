@@ -66,9 +66,18 @@ def doc_lengths(tokens: int, rng, mean: float = 1000) -> np.ndarray:
     return lengths.astype(np.int32)
 
 
-def write_shard(prefix: str, tokens: int, seed: int = 0) -> dict:
+def write_lengths_index(prefix: str, lengths: np.ndarray) -> None:
+    """``PREFIX.idx`` for one-sequence uint16 documents of ``lengths`` (data_prep's writer streams lengths from a
+    file: a temporary ``PREFIX.lens`` in this benchmark's own directory, removed after)."""
     from data_prep.mmidx import write_index
 
+    lens = prefix + ".lens"
+    lengths.tofile(lens)
+    write_index(prefix + ".idx", np.uint16, [(lens, 0, len(lengths))], len(lengths))
+    os.unlink(lens)
+
+
+def write_shard(prefix: str, tokens: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     lengths = doc_lengths(tokens, rng)
@@ -79,9 +88,7 @@ def write_shard(prefix: str, tokens: int, seed: int = 0) -> dict:
             chunk = rng.integers(0, EOD, b - a, dtype=np.uint16)
             chunk[last[np.searchsorted(last, a) : np.searchsorted(last, b)] - a] = EOD
             chunk.tofile(f)
-    lengths.tofile(prefix + ".lens")
-    write_index(prefix + ".idx", np.uint16, [(prefix + ".lens", 0, len(lengths))], len(lengths))
-    os.unlink(prefix + ".lens")
+    write_lengths_index(prefix, lengths)
     return {
         "documents": len(lengths),
         "tokens": tokens,
@@ -94,14 +101,10 @@ def write_shard(prefix: str, tokens: int, seed: int = 0) -> dict:
 def write_index_only(prefix: str, tokens: int, mean_doc: float, seed: int = 1) -> dict:
     """A shard whose ``.idx`` is real (Pile-like document lengths) and whose ``.bin`` is a sparse file of the right
     size (no disk used; the index build never reads tokens), plus a ``counts.npy`` so nothing scans it."""
-    from data_prep.mmidx import write_index
-
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     lengths = doc_lengths(tokens, rng, mean_doc)
-    lengths.tofile(prefix + ".lens")
-    write_index(prefix + ".idx", np.uint16, [(prefix + ".lens", 0, len(lengths))], len(lengths))
-    os.unlink(prefix + ".lens")
+    write_lengths_index(prefix, lengths)
     with open(prefix + ".bin", "wb") as f:
         f.truncate(2 * tokens)
     counts = np.zeros(VOCAB, np.int64)

@@ -31,11 +31,16 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, sync_dir: bool = Fa
         if tmp.exists():
             tmp.unlink()
     if sync_dir:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path.parent)
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (a directory: its entries, e.g. a rename, survive a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

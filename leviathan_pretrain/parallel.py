@@ -81,7 +81,7 @@ def first_slurm_host(environ=os.environ) -> str | None:
     return expand_hostlist(spec)[0] if spec else None
 
 
-def _mpi_rank0_address(environ, comm, names: list[str]) -> str:
+def _mpi_rank0_address(environ, names: list[str]) -> str:
     """Where rank 0 listens, agreed over MPI without resolving our own hostname (``gethostbyname(gethostname())``
     is often 127.0.1.1 on cluster nodes): loopback when every rank is on one node; else the job's first SLURM
     node when rank 0 runs there; else rank 0's processor name, which the other nodes resolve themselves."""
@@ -121,7 +121,7 @@ def discover_rank_env(environ=os.environ) -> dict:
         rank, size = comm.Get_rank(), comm.Get_size()
         names = comm.allgather(MPI.Get_processor_name())
         addr = environ.get("MASTER_ADDR") or comm.bcast(
-            _mpi_rank0_address(environ, comm, names) if rank == 0 else None, root=0
+            _mpi_rank0_address(environ, names) if rank == 0 else None, root=0
         )
         port = comm.bcast(environ.get("MASTER_PORT") or (str(free_port()) if rank == 0 else None), root=0)
         env.update(

@@ -103,7 +103,7 @@ def test_mpi_master_address_never_resolves_our_own_hostname():
     name (resolved by the other nodes) - never gethostbyname(gethostname()), often 127.0.1.1 on clusters."""
     from leviathan_pretrain.parallel import _mpi_rank0_address
 
-    assert _mpi_rank0_address({}, None, ["n1", "n1"]) == "127.0.0.1"
-    assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, None, ["n1.cluster", "n2.cluster"]) == "n1"
-    assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, None, ["n2", "n1"]) == "n2"
-    assert _mpi_rank0_address({}, None, ["hostA", "hostB"]) == "hostA"
+    assert _mpi_rank0_address({}, ["n1", "n1"]) == "127.0.0.1"
+    assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, ["n1.cluster", "n2.cluster"]) == "n1"
+    assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, ["n2", "n1"]) == "n2"
+    assert _mpi_rank0_address({}, ["hostA", "hostB"]) == "hostA"

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data_prep.fileio import write_bytes_atomic
+from data_prep.fileio import fsync_path, write_bytes_atomic
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION
 from leviathan_pretrain.parallel import ParallelDims
@@ -76,14 +76,6 @@ def read_latest(ckpt_dir: Path) -> str | None:
 def complete_tags(ckpt_dir: Path) -> list[str]:
     tags = [d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and (d / META).is_file()]
     return sorted((t for t in tags if step_of(t) is not None), key=step_of)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -164,7 +156,7 @@ def _begin(ckpt_dir: Path, tag: str, step: int) -> None:
         )
     )
     os.replace(tmp, final)
-    _fsync_path(ckpt_dir)
+    fsync_path(ckpt_dir)
 
 
 def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last: int) -> str:
@@ -187,14 +179,14 @@ def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last
     if rank == 0:  # DeepSpeed's recovery scripts, copied by global rank 0
         written += [str(p) for p in (ckpt_dir / tag).glob("zero_to_*.py")]
     for f in written:  # each rank flushes what it wrote itself
-        _fsync_path(Path(f))
-    _fsync_path(ckpt_dir / tag)
+        fsync_path(Path(f))
+    fsync_path(ckpt_dir / tag)
     dist.barrier()
     if rank == 0:
         meta = {**run_meta, **state.state_dict(), "tag": tag}
         _atomic_write(ckpt_dir / tag / META, json.dumps(meta, indent=1))
         (ckpt_dir / tag / SAVING).unlink()
-        _fsync_path(ckpt_dir / tag)
+        fsync_path(ckpt_dir / tag)
         _atomic_write(ckpt_dir / LATEST, tag)
         prune(ckpt_dir, keep_last)
     dist.barrier()
@@ -205,7 +197,7 @@ def read_meta(ckpt_dir: Path, tag: str) -> dict:
     return json.loads((Path(ckpt_dir) / tag / META).read_text())
 
 
-def load(ds_engine, ckpt_dir: Path, tag: str) -> TrainState:
+def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
     """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns its
     :class:`TrainState`. A checkpoint written at another data-parallel size whose optimizer state is
     partitioned over DP (ZeRO 1-3; DeepSpeed's bf16 optimizer) goes through DeepSpeed's universal checkpoint
@@ -213,7 +205,6 @@ def load(ds_engine, ckpt_dir: Path, tag: str) -> TrainState:
     from megatron.core import parallel_state as ps
 
     ckpt_dir = Path(ckpt_dir)
-    meta = read_meta(ckpt_dir, tag)
     saved = meta.get("layout", {})
     partitioned = any((ckpt_dir / tag).glob("*zero_pp_rank_*"))
     if saved.get("dp") not in (None, ps.get_data_parallel_world_size()) and partitioned:

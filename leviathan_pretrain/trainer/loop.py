@@ -101,9 +101,10 @@ class Trainer:
         summary = collective_check(data_summary, cfg)
         self.tok_sha = summary["tokenizer_sha256"]  # checked against the shards, recorded in checkpoints
         self.latest = collective_check(ckpt.latest_checkpoint, cfg, self.cdir)
+        self.meta = None  # leviathan.json of the checkpoint resumed from
         if self.latest is not None:
-            meta = ckpt.read_meta(self.cdir, self.latest)
-            ckpt.check_compatible(cfg, meta, self.tok_sha, self.cdir / self.latest, dims)
+            self.meta = ckpt.read_meta(self.cdir, self.latest)
+            ckpt.check_compatible(cfg, self.meta, self.tok_sha, self.cdir / self.latest, dims)
         if dims.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.cdir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +133,7 @@ class Trainer:
         )
         self.state = TrainState()
         if self.latest is not None:
-            self.state = ckpt.load(self.eng.ds, self.cdir, self.latest)
+            self.state = ckpt.load(self.eng.ds, self.cdir, self.latest, self.meta)
         self.bad = BadStepCounter(t.max_bad_steps)
         tb = Path(cfg.logging.tensorboard_dir or self.out_dir / "tensorboard") if cfg.logging.tensorboard else None
         self.metrics = Metrics(self.out_dir, tb, dims.writer, self.state.step, cfg.logging.log_interval, t.steps)
