@@ -10,8 +10,11 @@ REQ=requirements-test.txt
 [ "${1:-}" = "--runtime" ] && REQ=requirements.txt
 
 # Debian packages: Open MPI (mpi4py, multi-node preprocessing); the Python docs and the GCIDE
-# dictionary (the multi-source test corpus, see data_prep/make_corpus.py).
+# dictionary (the multi-source test corpus, see data_prep/make_corpus.py); SLURM and munge (the tests start a
+# private single-node cluster: tests/slurm_cluster.py; on a real cluster the site's SLURM is used). One apt
+# call: Open MPI (libpmix) is in place before any slurmd starts, or `srun --mpi=pmix` hangs.
 APT_PKGS="libopenmpi-dev openmpi-bin python3.11-doc dict-gcide"
+[ "$REQ" = requirements-test.txt ] && APT_PKGS="$APT_PKGS slurm-wlm munge"
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

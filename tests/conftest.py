@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -205,3 +206,29 @@ def read_corpus():
 def pytest_configure(config):
     # megatron-core warns at import on machines without Transformer Engine / Apex (CPU): expected here.
     config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real single-node SLURM cluster (tests/slurm_cluster.py) for this session; ``SLURM_CONF`` points the client
+    commands at it. If it cannot start, every test using it fails with the reason (never skipped)."""
+    from tests import slurm_cluster
+
+    state = Path(tempfile.mkdtemp(prefix="lev-slurm-"))
+    try:
+        env = slurm_cluster.start(state)
+    except slurm_cluster.ClusterError as e:
+        slurm_cluster.stop(state)
+        pytest.fail(f"the test SLURM cluster did not start: {e}", pytrace=False)
+    old = os.environ.get("SLURM_CONF")
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        slurm_cluster.drain()  # cancel what is left and wait for its processes: none outlives the session
+        slurm_cluster.stop(state)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        shutil.rmtree(state, ignore_errors=True)

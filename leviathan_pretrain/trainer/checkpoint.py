@@ -42,35 +42,20 @@ from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION
 from leviathan_pretrain.parallel import ParallelDims
 from leviathan_pretrain.trainer import reshard
+from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported: the one definition)
+    LATEST,
+    META,
+    SAVING,
+    TAG_PREFIX,
+    checkpoint_dir,
+    read_latest,
+    step_of,
+    tag_for,
+)
 from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load
 from leviathan_pretrain.trainer.state import TrainState
 
-TAG_PREFIX = "global_step"
-META = "leviathan.json"
-SAVING = "leviathan.saving"
-LATEST = "latest"
-# ---- directory bookkeeping ----
-
-
-def tag_for(step: int) -> str:
-    return f"{TAG_PREFIX}{step}"
-
-
-def step_of(tag: str) -> int | None:
-    rest = tag[len(TAG_PREFIX) :] if tag.startswith(TAG_PREFIX) else ""
-    return int(rest) if rest.isdigit() else None
-
-
-def read_latest(ckpt_dir: Path) -> str | None:
-    p = Path(ckpt_dir) / LATEST
-    if not p.is_file():
-        return None
-    tag = p.read_text().strip()
-    if not tag:
-        return None
-    if not (Path(ckpt_dir) / tag / META).is_file():
-        raise CheckpointError(f"{p} names {tag!r}, which is not a complete checkpoint (no {tag}/{META})")
-    return tag
+# ---- directory bookkeeping (names, tag_for, step_of, read_latest, checkpoint_dir: in .ckpt_names) ----
 
 
 def complete_tags(ckpt_dir: Path) -> list[str]:
@@ -227,10 +212,6 @@ def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
 
 # Model settings that change speed or memory but not the weights: a run may resume with other values.
 RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_elements", "lev.recompute"}
-
-
-def checkpoint_dir(cfg: Config) -> Path:
-    return Path(cfg.checkpoint.dir or Path(cfg.train.out_dir) / "checkpoints")
 
 
 def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:

@@ -13,6 +13,8 @@ import pickle
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
+from leviathan_pretrain.trainer.ckpt_names import CheckpointError  # noqa: F401  (defined there: torch-free)
+
 # Classes DeepSpeed pickles into its optimizer states (checked with torch.load(weights_only=True)).
 SAFE_GLOBALS = (
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -20,10 +22,6 @@ SAFE_GLOBALS = (
     "deepspeed.runtime.zero.config.ZeroStageEnum",
     "deepspeed.utils.tensor_fragment.fragment_address",
 )
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is unusable (incomplete, unsafe to load, or from an incompatible run); names it."""
 
 
 def _safe_globals() -> list:

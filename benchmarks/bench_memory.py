@@ -1,0 +1,262 @@
+"""The per-rank memory estimate (``leviathan_pretrain.plan``) against the real trainer's measured peak, on CPU.
+
+    python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [key=value ...]
+
+Each case trains a small-but-not-tiny model (default: hidden 512, 8 layers, 8 heads, vocabulary 32,000,
+sequence 256, micro batch 8 x accumulation 2, fp32, 2 optimizer steps) with the real trainer
+(``python -m leviathan_pretrain.train --config configs/tiny-cpu-<variant>.yaml ...``, under
+``launchers/local.py -n TP``) on a synthetic Zipf shard (``bench_train.write_zipf_shard``), for LEV and TIED
+at ZeRO 0 and 1, TP = 1 (and TP = 2 with ``--tp 1 2``; ``--dp 2`` runs two data-parallel replicas, and
+``--micro 1 --seq 64`` makes the optimizer step, not the activations, the peak). The trainer is not changed:
+the worker wraps the names ``trainer.loop`` calls (``build_engine``, the engine's ``train_step``,
+``Trainer.save``) to read ``/proc/self`` at these points:
+
+- **baseline**: the resident set (RSS) right before the engine is built (imports, process groups, start-up
+  checks: nothing the estimate counts). The high-water mark (VmHWM) is reset there (``/proc/self/clear_refs``).
+- **after step**: RSS after each optimizer step, minus the baseline: what stays between steps (weights,
+  optimizer states, and whatever gradients the optimizer keeps).
+- **peak**: VmHWM at the end of the last step (before the final checkpoint is written), minus the
+  baseline: the training peak, compared with the estimate's ``total``.
+
+``MALLOC_MMAP_THRESHOLD_=65536`` is set for the ranks so that every tensor above 64 KiB is its own mapping,
+returned to the OS when freed: RSS then follows live tensors (as the CUDA allocator's allocated bytes do)
+instead of glibc's heap high-water. Only the CPU-applicable parts are checkable here: the CPU estimate has
+no runtime allowance (CUDA context, NCCL), uses SDPA attention (no s^2 softmax term) and counts only the
+touched part of DeepSpeed's bucket; the GPU-only terms are not measured. Each rank reports; the largest is
+shown (TP ranks are alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+GIB = 2**30
+
+
+# ---------------------------------------------------------------- worker: the real trainer, observed
+
+
+def _status_kb(key: str) -> int:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+
+
+def worker(train_args: list[str]) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from leviathan_pretrain import train
+    from leviathan_pretrain.trainer import loop
+
+    rec = {"rank": int(os.environ.get("RANK", "0")), "after_step": [], "peak_step": []}
+    real_build = loop.build_engine
+    real_save = loop.Trainer.save
+
+    def build_engine(cfg, device):
+        rec["baseline"] = _rss()
+        _reset_peak()
+        eng = real_build(cfg, device)
+        rec["after_build"] = _rss() - rec["baseline"]
+        real_step = eng.train_step
+
+        def train_step(mbs):
+            out = real_step(mbs)
+            rec["after_step"].append(_rss() - rec["baseline"])
+            rec["peak_step"].append(_status_kb("VmHWM") * 1024 - rec["baseline"])
+            return out
+
+        eng.train_step = train_step
+        return eng
+
+    def save(self):
+        rec.setdefault("peak", _status_kb("VmHWM") * 1024 - rec["baseline"])
+        return real_save(self)
+
+    loop.build_engine = build_engine
+    loop.Trainer.save = save
+    code = train.main(train_args)
+    out = Path(os.environ["BENCH_MEMORY_OUT"]) / f"rank{rec['rank']}.json"  # a file each: ranks' stdout interleave
+    out.write_text(json.dumps(rec))
+    return code
+
+
+# ---------------------------------------------------------------- driver
+
+
+def case_overrides(args, variant: str, zero: int, tp: int, data: str, out_dir: str) -> list[str]:
+    return [
+        f"model.vocab_size={args.vocab}",
+        f"model.hidden_size={args.hidden}",
+        f"model.num_layers={args.layers}",
+        f"model.num_attention_heads={args.heads}",
+        f"model.seq_length={args.seq}",
+        "model.lev.seed_dim=128",  # the spec's defaults (the tiny-cpu configs scale LEV down for D = 256)
+        "model.lev.heads=8",
+        "model.lev.knots=16",
+        "model.lev.rank=64",
+        f"train.micro_batch_size={args.micro}",
+        f"train.global_batch_size={args.micro * args.accum * args.dp}",
+        f"train.steps={args.steps}",
+        "train.eval_interval=0",
+        f"train.out_dir={out_dir}",
+        f"data.prefixes=[{data}]",
+        "data.split=98,1,1",
+        f"parallel.tensor_parallel={tp}",
+        f"parallel.zero_stage={zero}",
+        f"parallel.precision={args.precision}",
+        "parallel.device=cpu",
+        "logging.tensorboard=false",
+        "logging.log_interval=1000",
+        "checkpoint.save_interval=1000",
+        "checkpoint.resume=false",
+        *args.overrides,
+    ]
+
+
+def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str) -> dict:
+    out_dir = str(Path(tmp) / f"{variant}-z{zero}-tp{tp}")
+    n = tp * args.dp
+    config = str(REPO / f"configs/tiny-cpu-{variant}.yaml")
+    overrides = case_overrides(args, variant, zero, tp, data, out_dir)
+    cmd = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(n), "--", str(Path(__file__).resolve())]
+    cmd += ["--worker", "--config", config, *overrides]
+    results = Path(out_dir) / "memory"
+    results.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu", MALLOC_MMAP_THRESHOLD_="65536")
+    env["BENCH_MEMORY_OUT"] = str(results)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+    ranks = [json.loads(f.read_text()) for f in sorted(results.glob("rank*.json"))]
+    if proc.returncode or len(ranks) != n:
+        sys.exit(
+            f"error: {variant} ZeRO {zero} TP {tp} failed (exit {proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.plan import make_plan
+
+    plan = make_plan(load_config(config, overrides), 1, n, device="cpu", mem_limit_gb=None)
+    top = max(ranks, key=lambda r: r["peak"])
+    return {"variant": variant, "zero": zero, "tp": tp, "plan": plan, "measured": top, "seconds": time.monotonic() - t0}
+
+
+def _name(r: dict) -> str:
+    return f"{r['variant']} Z{r['zero']} TP{r['tp']} DP{r['plan'].dp}"
+
+
+def report(rows: list[dict], precision: str) -> None:
+    keys = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step")
+    print(f"\nestimate per rank (leviathan_pretrain.plan, device=cpu, {precision}), GiB")
+    print(f"{'case':<20} " + " ".join(f"{k[:11]:>11}" for k in keys) + f" {'total':>11}")
+    for r in rows:
+        mem = r["plan"].memory
+        print(f"{_name(r):<20} " + " ".join(f"{mem[k] / GIB:11.3f}" for k in (*keys, "total")))
+    print(
+        "\nestimate vs measured (RSS above the baseline taken right before the engine is built), GiB; ratio = est/meas"
+    )
+    print(
+        f"{'case':<20} {'peak: est':>10} {'meas':>7} {'ratio':>6} | {'kept: est':>10} {'meas':>7} {'ratio':>6} | "
+        f"{'transient: est':>15} {'meas':>7} {'ratio':>6}"
+    )
+    ratios = []
+    for r in rows:
+        mem, meas = r["plan"].memory, r["measured"]
+        kept = mem["parameters"] + mem["optimizer"]  # the gradients are freed after the step (ZeRO 0 and 1 alike)
+        after = meas["after_step"][-1]
+        trans, mtrans = mem["total"] - kept, meas["peak"] - after
+        ratios.append(mem["total"] / meas["peak"])
+        print(
+            f"{_name(r):<20} {mem['total'] / GIB:10.3f} {meas['peak'] / GIB:7.3f} {ratios[-1]:6.2f} | "
+            f"{kept / GIB:10.3f} {after / GIB:7.3f} {kept / after:6.2f} | "
+            f"{trans / GIB:15.3f} {mtrans / GIB:7.3f} {trans / mtrans:6.2f}"
+        )
+    print(
+        "peak: the estimate's total (runtime 0 on CPU) vs VmHWM over the steps; kept: parameters + optimizer vs RSS "
+        "after the last step; transient: the rest (gradients + max(activations + logits, buffers, step)) vs peak "
+        f"minus kept. Peak ratio range: {min(ratios):.2f}-{max(ratios):.2f}"
+    )
+    for r in rows:
+        m = r["measured"]
+        print(
+            f"  {_name(r)}: after build {m['after_build'] / GIB:.3f}, after each step "
+            + ", ".join(f"{x / GIB:.3f}" for x in m["after_step"])
+            + ", peak by step "
+            + ", ".join(f"{x / GIB:.3f}" for x in m["peak_step"])
+            + f" GiB; {r['plan'].params_per_rank / 1e6:.1f}M parameters per rank; {r['seconds']:.0f} s"
+        )
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1:])
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_memory.py",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python benchmarks/bench_memory.py --tp 1 2\n"
+        "  python benchmarks/bench_memory.py --precision bf16 --zero 1\n"
+        "  python benchmarks/bench_memory.py --variants tied --micro 1 --seq 64 --dp 2   # optimizer-step peak",
+    )
+    ap.add_argument("--variants", nargs="+", default=["lev", "tied"], help="model variants (default lev tied)")
+    ap.add_argument("--zero", type=int, nargs="+", default=[0, 1], help="ZeRO stages (default 0 1)")
+    ap.add_argument("--tp", type=int, nargs="+", default=[1], help="TP sizes, one process per rank (default 1)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel size: TP x DP processes (default 1)")
+    ap.add_argument("--hidden", type=int, default=512, help="model.hidden_size (default 512)")
+    ap.add_argument("--layers", type=int, default=8, help="model.num_layers (default 8)")
+    ap.add_argument("--heads", type=int, default=8, help="model.num_attention_heads (default 8)")
+    ap.add_argument("--vocab", type=int, default=32000, help="model.vocab_size (default 32000)")
+    ap.add_argument("--seq", type=int, default=256, help="model.seq_length (default 256)")
+    ap.add_argument("--micro", type=int, default=8, help="micro batch (default 8)")
+    ap.add_argument("--accum", type=int, default=2, help="gradient accumulation steps (default 2)")
+    ap.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2: the second has every state)")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides for every case")
+    args = ap.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
+    from bench_train import write_zipf_shard
+
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        tokens = args.steps * args.micro * args.accum * args.dp * (args.seq + 1) * 4 + 50_000
+        data = write_zipf_shard(str(Path(tmp) / "zipf"), args.vocab, tokens)
+        rows = []
+        for tp in args.tp:
+            for variant in args.variants:
+                for zero in args.zero:
+                    rows.append(run_case(args, variant, zero, tp, data, tmp))
+                    r = rows[-1]
+                    print(
+                        f"done: {variant} ZeRO {zero} TP {tp}: peak {r['measured']['peak'] / GIB:.3f} GiB measured, "
+                        f"{r['plan'].memory['total'] / GIB:.3f} GiB estimated ({r['seconds']:.0f} s)",
+                        flush=True,
+                    )
+    report(rows, args.precision)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

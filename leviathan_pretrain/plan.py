@@ -1,0 +1,499 @@
+"""The training plan of a run before it is submitted: parallel grid, batch arithmetic, per-GPU memory estimate.
+
+``make_plan(cfg, nodes, ranks_per_node, device="gpu", mem_limit_gb=80.0)`` returns a :class:`Plan`; its
+``problems`` lists every geometry that cannot work (``"<dotted key or --option>: reason"``), and
+``format_plan(plan)`` is the human summary a launcher prints. Pure Python (no torch, megatron or DeepSpeed
+import): parameter counts come from :mod:`leviathan_pretrain.model.sizes`, the rest is arithmetic.
+
+Grid and batch (what ``parallel.ParallelDims`` and ``trainer/engine.py`` compute): world = nodes x ranks per
+node; DP = world / (TP x PP); accumulation = global batch / (micro batch x DP); tokens/step = global x seq.
+
+Memory convention: bytes per rank, for the most loaded pipeline stage (the maximum over the stages DeepSpeed's
+``partition_method="type:BlockPiece"`` makes: stage 0 also holds the input layer, the last stage the final
+norm and the head). Three phases of a step do not overlap: forward/backward (``activations + logits``),
+the gradient reduction (``buffers``) and the optimizer step (``step`` temporaries), so::
+
+    total = parameters + gradients + optimizer + runtime + max(activations + logits, buffers, step)
+
+except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :func:`buffers_in_backward`):
+``... + runtime + buffers + max(activations + logits, step)``. Sizes are bytes; GiB = 2**30 bytes.
+
+- **parameters**: this rank's share: transformer linears and vocab-parallel tables/head divided by TP as
+  megatron-core shards them (the padded vocabulary, ``sizes.padded_vocab_size``); norms, LEV's codebooks and
+  the other replicated input-layer pieces in full; LEV's per-head parts divided by TP (lev-spec). TIED with
+  PP > 1 holds its table on the first and the last stage (DeepSpeed's ``TiedLayerSpec``). Bytes per parameter
+  follow the optimizer wrapper DeepSpeed picks for our config (``engine.deepspeed_config`` sets no
+  ``data_types``, so gradients accumulate in the model dtype), read from the installed DeepSpeed 0.19.8:
+
+  ========================================  =======  ===========  ============  =========================
+  case (w = 2 for bf16/fp16, 4 for fp32)    weights  gradients    optimizer     step temporaries
+  ========================================  =======  ===========  ============  =========================
+  fp32, ZeRO 0 (our AdamW, no wrapper)      4        4            8 (m, v)      16 x largest tensor
+  bf16/fp16, ZeRO 0 (FP16_UnfusedOptimizer) 2        2            12            4 (fp32 grads) + 8 x lt.
+  bf16, ZeRO 0, pipeline (BF16_Optimizer)   2        2 + 2 (acc)  12 / DP       12 / DP
+  ZeRO 1 (DeepSpeedZeroOptimizer)           w        w            12 / DP       12 / DP
+  ZeRO 2                                    w        w / DP       12 / DP       12 / DP
+  ZeRO 3                                    w / DP   w / DP       12 / DP       12 / DP
+  ========================================  =======  ===========  ============  =========================
+
+  12 = fp32 master weights + Adam m + v (the ZeRO paper's K = 12); DeepSpeed keeps the fp32 master copy also
+  for an fp32 model under ZeRO >= 1. Step temporaries: the fp32 gradients the wrappers make before
+  ``optimizer.step`` (FP16_UnfusedOptimizer: of every parameter; ZeRO and BF16_Optimizer: the flat fp32
+  partition, 4 / DP; ZeRO's flattened w partition is freed once cast) and torch AdamW's ``sqrt``/divide
+  temporaries, 8 B per element of the tensor it works on (the whole flat partition under ZeRO, else the
+  largest tensor); our fp32 clipping squares each gradient in float64 (16 B x the largest tensor). Gradients
+  are counted as held through forward and backward, which they are from the second micro-batch of an
+  accumulation on (at accumulation 1 they are mostly allocated as backward frees activations: the estimate
+  is high by up to the gradients there); they are freed after the step (ZeRO 0 and 1 alike, measured).
+- **activations** (per micro-batch, times the micro-batches in flight on that stage: ``min(PP - stage,
+  accumulation)`` for DeepSpeed's 1F1B, 1 at PP = 1), e = activation bytes (2 bf16/fp16, 4 fp32), T = s x b
+  tokens, per transformer layer: ``T * (2 (8 + e) D + e (A D + 5 F) / TP)``, A = 6 with multi-head attention
+  (q and k after RoPE, the whole QKV output a ``v`` view keeps alive, the attention output), 4 with GQA (q
+  and the expanded k, v, the output); the 5F are SwiGLU's fc1 output (2F), SiLU output, the linear half plus
+  its offset and fc2's input. Each RMSNorm is torch's composite ``rms_norm`` (measured on CPU: the input and
+  the normalised input in fp32, the output in e; a fused kernel on GPU would keep less). Attention is SDPA on
+  CPU (no s^2 term) and megatron-core's unfused ``DotProductAttention`` on GPU with ``attention_backend=auto``
+  (the assumption: no Transformer Engine / flash attention), which keeps the softmax in fp32 and its cast to
+  e: ``T * a / TP * s * (4 + e)`` per layer (4 alone in fp32), plus one layer's working set ``(2 e + 4) b a
+  / TP s^2`` (megatron's global baddbmm buffer and the fp32 scores). Stage 0 adds the input layer's saved
+  tensors (LEV: four fp32 ``[n, heads / TP, d_seed]`` tensors and M ``[n, heads / TP, r]``, n = min(T, V)
+  unique ids, an upper bound), the last stage the final norm ``T (8 + e) D``; with PP > 1 each micro-batch in
+  flight also keeps its stage input and output in DeepSpeed's pipe buffers (``2 e T D``). When accumulating,
+  one more tensor: autograd's fresh gradient of the stage's largest weight (``e`` x its elements), which
+  exists next to the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No
+  dropout, no sequence parallelism, no activation recomputation (none is implemented).
+- **logits** (last stage, one micro-batch): ``T * V_pad / TP * 4`` for the fp32 softmax megatron's
+  ``vocab_parallel_cross_entropy`` keeps for backward, plus ``T * V_pad / TP * e`` for the e logits next to
+  it (bf16/fp16; in fp32 the cast is a no-op and it works in place).
+- **buffers**: DeepSpeed's gradient buckets at its defaults (``trainer/engine.py`` sets no bucket sizes):
+  ZeRO 0 flattens the gradients for the data-parallel all-reduce (``min(P, 5e8)`` elements, in the gradient
+  dtype); ZeRO 1/2 keep a ``reduce_bucket_size`` = 5e8-element bucket in w (``torch.empty``: a GPU reserves
+  all of it, a CPU only touches ``min(5e8, P)``); ZeRO 3 adds the 5e7-element prefetch bucket. No separate
+  all-gather buffer (stage 1/2 gather into the flat weights in place).
+- **runtime**: a fixed :data:`GPU_RUNTIME_GIB` on GPU (CUDA context, cuBLAS workspaces, NCCL communicators'
+  buffers; an allowance, not a measurement), 0 on CPU.
+
+Not counted: allocator fragmentation (reserved minus allocated; keep ~10% headroom), DeepSpeed's alignment
+padding, LEV's chunk buffers (they live inside its forward/backward only, never at the peak), the data
+loader and other host-side bookkeeping (~40 MB of RSS on CPU). ``benchmarks/bench_memory.py`` checks the
+CPU-applicable parts against the real trainer's peak RSS (within ~5% low at the default benchmark model).
+
+Problems (``plan.problems``, filled by :func:`make_plan`; :func:`plan_problems` returns them): TP x PP not
+dividing the world size, a global batch that is not a multiple of micro batch x DP, PP > num_layers, fp16 or
+``attention_backend=megatron`` on CPU, and the estimated total over ``mem_limit_gb``. What config loading
+already refuses (TP not dividing the heads, ZeRO > 1 with PP > 1) is not checked again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from leviathan_pretrain.model import sizes
+
+GIB = 2**30
+GPU_RUNTIME_GIB = 2.0  # CUDA context + cuBLAS workspaces (~0.75 GiB) + NCCL communicators (~1.25 GiB): an allowance
+DS_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size / fallback all-reduce
+DS_PREFETCH_ELEMENTS = 50_000_000  # ZeRO-3 stage3_prefetch_bucket_size default
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step", "runtime")
+
+
+@dataclass
+class Plan:
+    nodes: int
+    ranks_per_node: int
+    world: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    global_batch: int
+    grad_accum: int
+    seq_length: int
+    tokens_per_step: int
+    device: str  # "gpu" or "cpu"
+    mem_limit_gb: float | None  # GiB per GPU; None: no check (e.g. CPU runs)
+    memory: dict[str, float] = field(default_factory=dict)  # bytes per rank by component, and "total"
+    problems: list[str] = field(default_factory=list)  # "<dotted key or --option>: reason"
+    stage: int = 0  # the most loaded pipeline stage (the one ``memory`` describes)
+    optimizer: str = ""  # the optimizer wrapper DeepSpeed will use
+    zero_stage: int = 0
+    precision: str = "fp32"
+    params_per_rank: int = 0  # parameters held by one rank of that stage (before ZeRO partitioning)
+    buffers_in_backward: bool = False  # see buffers_in_backward(): how ``total`` adds the buffers
+
+
+# ---------------------------------------------------------------- parameters per TP rank
+
+
+def _layer_params(m, tp: int) -> int:
+    """One transformer layer's parameters on one TP rank (two RMSNorms replicated)."""
+    D, heads = m.hidden_size, m.num_attention_heads
+    kv = (m.num_query_groups or heads) * (D // heads)
+    F = m.resolved_ffn_hidden_size()
+    return 2 * D + (D * (D + 2 * kv) + D * D + 3 * D * F) // tp
+
+
+def _input_params(m, tp: int) -> int:
+    """The input layer's parameters on one TP rank (vocab-parallel tables and sharded heads/hidden divided by TP,
+    the rest replicated), as the layers in model/inputs.py and model/lev.py allocate them."""
+    V, D, v = m.vocab_size, m.hidden_size, m.variant
+    V_pad = sizes.padded_vocab_size(V, m.make_vocab_size_divisible_by, tp)
+    lev = m.lev
+    if v in ("tied", "untied"):
+        return V_pad * D // tp
+    if v == "lev":
+        d, codebooks = lev.seed_dim, lev.digits * lev.resolved_base(V) * lev.seed_dim
+        return codebooks + lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * D) // tp
+    if v == "albert":
+        e = sizes.albert_dim(m)
+        return V_pad * e // tp + e * D
+    if v == "flat_mlp":
+        e, hid = sizes.flat_mlp_dims(m)
+        return V_pad * e // tp + 2 * e + (e * hid + hid * D) // tp
+    if v == "factored_mlp":
+        hid, d = sizes.factored_mlp_hidden(m), lev.seed_dim
+        return lev.digits * lev.resolved_base(V) * d + 2 * d + (d * hid + hid * D) // tp
+    raise ValueError(f"model.variant: unknown variant {v!r}")
+
+
+def _head_params(m, tp: int) -> int:
+    """The output head on one TP rank (TIED: its table, which the last stage holds when PP > 1)."""
+    return sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) * m.hidden_size // tp
+
+
+def _largest_tensor(m, tp: int, st: dict) -> int:
+    """Elements of the largest parameter tensor on one rank of stage ``st`` (what per-tensor temporaries scale
+    with: a fresh gradient before it is added into ``.grad``, AdamW's and our clipping's per-tensor work)."""
+    D, F, V = m.hidden_size, m.resolved_ffn_hidden_size(), m.vocab_size
+    kv = (m.num_query_groups or m.num_attention_heads) * (D // m.num_attention_heads)
+    V_pad = sizes.padded_vocab_size(V, m.make_vocab_size_divisible_by, tp)
+    cands = [2 * F * D // tp, D * (D + 2 * kv) // tp] if st["blocks"] else [m.hidden_size]
+    if st["head"]:
+        cands.append(_head_params(m, tp))
+    if st["input"]:
+        lev, v = m.lev, m.variant
+        width = {"albert": sizes.albert_dim(m), "flat_mlp": sizes.flat_mlp_dims(m)[0]}.get(v, D)
+        cands.append(V_pad * width // tp)  # TIED, UNTIED, ALBERT, flat MLP: the vocab-parallel table
+        if v == "lev":  # no table: S (spline values) or W_out
+            cands[-1] = lev.heads * lev.rank * max(lev.seed_dim * lev.knots, D) // tp
+        if v == "factored_mlp":
+            cands[-1] = sizes.factored_mlp_hidden(m) * max(lev.seed_dim, D) // tp
+    return max(cands)
+
+
+def buffers_in_backward(device: str, zero_stage: int, pipeline: bool = False) -> bool:
+    """True when DeepSpeed's bucket is live together with the activations: ZeRO >= 1 on GPU without the
+    pipeline engine, where the reduce bucket is allocated in full when the first gradient hook fires at the start
+    of backward. ZeRO 0 (and the pipeline engine) reduce after backward, and on CPU the bucket's pages fill only
+    as gradients move into it (their own storage is freed): measured, it adds to neither peak there."""
+    return device == "gpu" and zero_stage >= 1 and not pipeline
+
+
+def peak_total(mem: dict, in_backward: bool) -> float:
+    """``parameters + gradients + optimizer + runtime``, plus ``buffers + max(activations + logits, step)`` when
+    the buffers are live during backward (:func:`buffers_in_backward`), else ``max(activations + logits,
+    buffers, step)``: the three phases (forward/backward, gradient reduction, optimizer step) do not overlap."""
+    fixed = mem["parameters"] + mem["gradients"] + mem["optimizer"] + mem["runtime"]
+    act, buf = mem["activations"] + mem["logits"], mem["buffers"]
+    if in_backward:
+        return fixed + buf + max(act, mem["step"])
+    return fixed + max(act, buf, mem["step"])
+
+
+# ---------------------------------------------------------------- pipeline stages
+
+
+def partition_balanced(weights: list[int], parts: int) -> list[int]:
+    """DeepSpeed's ``runtime.utils.partition_balanced`` (the linear-partition dynamic programme its
+    ``PipelineModule`` uses for ``partition_method="type:..."``), in pure Python: stage boundaries ``[0, ..., n]``."""
+    n, m = len(weights), parts
+    if n <= m:
+        return [min(p, n) for p in range(m + 1)]
+    inf = math.inf
+    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    dp_max[0][0] = dp_cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                seg = prefix[i] - prefix[k]
+                hi, lo = max(dp_max[k][j - 1], seg), min(dp_min[k][j - 1], seg)
+                cost = hi - lo
+                if dp_cost[i][j] >= cost:
+                    dp_cost[i][j], dp_max[i][j], dp_min[i][j], position[i][j] = cost, hi, lo, k
+    bounds = [n]
+    for j in range(m, 0, -1):
+        bounds.append(position[bounds[-1]][j])
+    return bounds[::-1]
+
+
+def stage_layout(num_layers: int, pp: int) -> list[dict]:
+    """Per pipeline stage: ``{"blocks", "input", "final", "head"}`` for the pieces input, L blocks, final norm,
+    head (model/assembly.py), split as DeepSpeed splits them (``type:BlockPiece``)."""
+    n = num_layers + 3
+    if pp == 1:
+        bounds = [0, n]
+    else:
+        bounds = partition_balanced([0] + [1] * num_layers + [0, 0], pp)
+    out = []
+    for s in range(pp):
+        lo, hi = bounds[s], bounds[s + 1]
+        out.append(
+            {
+                "blocks": sum(1 for i in range(lo, hi) if 1 <= i <= num_layers),
+                "input": lo <= 0 < hi,
+                "final": lo <= num_layers + 1 < hi,
+                "head": lo <= num_layers + 2 < hi,
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------- activations
+
+
+def attention_kind(m, device: str) -> str:
+    """``sdpa`` or ``megatron``, as ``model.gpt.attention_backend`` resolves ``auto`` on this device."""
+    if m.attention_backend != "auto":
+        return m.attention_backend
+    return "megatron" if device == "gpu" else "sdpa"
+
+
+def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str) -> float:
+    """Saved activations of one transformer layer for one micro-batch of ``tokens`` = s x b (see module doc)."""
+    D, F, s = m.hidden_size, m.resolved_ffn_hidden_size(), m.seq_length
+    gqa = (m.num_query_groups or m.num_attention_heads) < m.num_attention_heads
+    A = 4 if gqa else 6
+    out = tokens * (2 * (8 + e) * D + e * (A * D + 5 * F) / tp)
+    if attention == "megatron":
+        out += tokens * m.num_attention_heads / tp * s * (4 + e if e != 4 else 4)
+    return out
+
+
+def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
+    """The input layer's saved tensors for one micro-batch (unique-id layers: n = min(tokens, V) ids)."""
+    n, v, lev = min(tokens, m.vocab_size), m.variant, m.lev
+    if v == "lev":
+        return 4.0 * n * lev.heads / tp * (4 * lev.seed_dim + lev.rank)
+    if v == "albert":
+        return float(n * sizes.albert_dim(m) * e)
+    if v == "flat_mlp":
+        width, hid = sizes.flat_mlp_dims(m)
+        return 4.0 * n * (3 * width + 2 * hid / tp)
+    if v == "factored_mlp":
+        return 4.0 * n * (3 * lev.seed_dim + 2 * sizes.factored_mlp_hidden(m) / tp)
+    return 0.0  # tables: the output is the first layer's input (counted there)
+
+
+# ---------------------------------------------------------------- optimizer wrappers
+
+
+def optimizer_wrapper(cfg) -> str:
+    """The optimizer DeepSpeed 0.19.8 wraps ours in for this config (``engine._do_optimizer_sanity_check``
+    with no ``data_types``: gradient accumulation in the model dtype)."""
+    p = cfg.parallel
+    if p.zero_stage == 3:
+        return "DeepSpeedZeroOptimizer_Stage3"
+    if p.zero_stage in (1, 2):
+        return "DeepSpeedZeroOptimizer"
+    if p.precision == "fp32":
+        return "AdamW (no wrapper)"
+    if p.precision == "bf16" and p.uses_pipeline_engine:
+        return "BF16_Optimizer"
+    return "FP16_UnfusedOptimizer"
+
+
+def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[str, float]:
+    """``parameters``, ``gradients``, ``optimizer``, ``buffers``, ``step`` bytes for ``params`` parameters on
+    one rank (see the module doc's table)."""
+    w, z, kind = BYTES[cfg.parallel.precision], cfg.parallel.zero_stage, optimizer_wrapper(cfg)
+    P = float(params)
+
+    def bucket(elements: int) -> float:  # torch.empty: the GPU reserves it all, a CPU only touches what is written
+        return elements * w if device == "gpu" else min(elements, params) * w
+
+    if kind == "AdamW (no wrapper)":
+        out = dict(parameters=4 * P, gradients=4 * P, optimizer=8 * P, step=16.0 * largest)
+        out["buffers"] = 4.0 * min(P, DS_BUCKET_ELEMENTS)
+    elif kind == "FP16_UnfusedOptimizer":
+        out = dict(parameters=2 * P, gradients=2 * P, optimizer=12 * P, step=4 * P + 8.0 * largest)
+        out["buffers"] = 2.0 * min(P, DS_BUCKET_ELEMENTS)
+    elif kind == "BF16_Optimizer":
+        out = dict(parameters=2 * P, gradients=4 * P, optimizer=12 * P / dp, step=12 * P / dp)
+        out["buffers"] = 2.0 * min(P, DS_BUCKET_ELEMENTS)
+    else:
+        out = dict(
+            parameters=w * P / (dp if z == 3 else 1),
+            gradients=w * P / (dp if z >= 2 else 1),
+            optimizer=12 * P / dp,
+            step=12 * P / dp,
+            buffers=bucket(DS_BUCKET_ELEMENTS) + (bucket(DS_PREFETCH_ELEMENTS) if z == 3 else 0.0),
+        )
+    return out
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int, device: str):
+    """``({component: bytes, "total": bytes}, parameters)`` of one rank of pipeline stage ``stage``."""
+    m, t, pipeline = cfg.model, cfg.train, cfg.parallel.uses_pipeline_engine
+    e = BYTES[cfg.parallel.precision]
+    b, s = t.micro_batch_size, m.seq_length
+    T = b * s
+    params = st["blocks"] * _layer_params(m, tp)
+    params += _input_params(m, tp) if st["input"] else 0
+    params += m.hidden_size if st["final"] else 0
+    params += _head_params(m, tp) if st["head"] and not (m.variant == "tied" and st["input"]) else 0
+    largest = _largest_tensor(m, tp, st)
+    mem = state_bytes(cfg, params, largest, dp, device)
+    attn = attention_kind(m, device)
+    per_mb = st["blocks"] * layer_activation_bytes(m, T, tp, e, attn)
+    per_mb += input_activation_bytes(m, T, tp, e) if st["input"] else 0.0
+    per_mb += T * (8 + e) * m.hidden_size if st["final"] else 0.0
+    per_mb += 2.0 * e * T * m.hidden_size if pp > 1 else 0.0
+    in_flight = min(pp - stage, gas) if pp > 1 else 1
+    act = in_flight * per_mb
+    if gas > 1:  # accumulating: autograd's fresh gradient of the largest weight, before it is added into .grad
+        act += e * largest
+    if attn == "megatron" and st["blocks"]:
+        act += (2 * e + 4 if e != 4 else 2 * e) * b * m.num_attention_heads / tp * s * s
+    V_pad = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
+    logits = T * V_pad / tp * (4 + (e if e != 4 else 0)) if st["head"] else 0.0
+    mem.update(activations=act, logits=float(logits), runtime=GPU_RUNTIME_GIB * GIB if device == "gpu" else 0.0)
+    mem["total"] = peak_total(mem, buffers_in_backward(device, cfg.parallel.zero_stage, pipeline))
+    return {k: float(mem[k]) for k in (*COMPONENTS, "total")}, params
+
+
+def make_plan(cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_limit_gb: float | None = 80.0) -> Plan:
+    """The plan of ``cfg`` (a loaded :class:`~leviathan_pretrain.config.Config`) on ``nodes`` x ``ranks_per_node``
+    ranks; ``device`` is ``"gpu"`` or ``"cpu"``; ``mem_limit_gb`` the GPU's memory in GiB (None: no check)."""
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    tp, pp = p.tensor_parallel, p.pipeline_parallel
+    world = nodes * ranks_per_node
+    problems = []
+    if nodes < 1 or ranks_per_node < 1:
+        problems.append(
+            f"--nodes/--gpus-per-node: need at least 1 node and 1 rank per node, got {nodes} x {ranks_per_node}"
+        )
+    if world >= 1 and world % (tp * pp):
+        problems.append(
+            f"--nodes/--gpus-per-node: world size {nodes} x {ranks_per_node} = {world} is not divisible by "
+            f"parallel.tensor_parallel x parallel.pipeline_parallel = {tp} x {pp} = {tp * pp}; use a multiple of "
+            f"{tp * pp} ranks or change parallel.tensor_parallel/parallel.pipeline_parallel"
+        )
+    dp = max(1, world // (tp * pp))
+    mb, gb = t.micro_batch_size, t.global_batch_size
+    if gb % (mb * dp):
+        unit = mb * dp
+        problems.append(
+            f"train.global_batch_size: {gb} is not a multiple of train.micro_batch_size x data-parallel size = "
+            f"{mb} x {dp} = {unit}; set it to a multiple of {unit} (e.g. {max(1, round(gb / unit)) * unit}) or "
+            "change train.micro_batch_size or the number of ranks"
+        )
+    gas = max(1, gb // (mb * dp))
+    if pp > m.num_layers:
+        problems.append(
+            f"parallel.pipeline_parallel: {pp} stages for model.num_layers={m.num_layers} layers (a stage would "
+            f"hold none); use at most {m.num_layers}"
+        )
+    if device == "cpu" and p.precision == "fp16":
+        problems.append("parallel.precision: fp16 needs CUDA (DeepSpeed has no CPU fp16 path); use fp32 or bf16 on CPU")
+    if device == "cpu" and m.attention_backend == "megatron":
+        problems.append("model.attention_backend: 'megatron' (DotProductAttention) needs CUDA; use 'sdpa' or 'auto'")
+    per_stage = [
+        _stage_memory(cfg, st, i, pp, tp, dp, gas, device) for i, st in enumerate(stage_layout(m.num_layers, pp))
+    ]
+    stage = max(range(pp), key=lambda i: per_stage[i][0]["total"])
+    memory, params = per_stage[stage]
+    plan = Plan(
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        world=world,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=mb,
+        global_batch=gb,
+        grad_accum=gas,
+        seq_length=m.seq_length,
+        tokens_per_step=gb * m.seq_length,
+        device=device,
+        mem_limit_gb=mem_limit_gb,
+        memory=memory,
+        problems=problems,
+        stage=stage,
+        optimizer=optimizer_wrapper(cfg),
+        zero_stage=p.zero_stage,
+        precision=p.precision,
+        params_per_rank=params,
+        buffers_in_backward=buffers_in_backward(device, p.zero_stage, p.uses_pipeline_engine),
+    )
+    if mem_limit_gb is not None and memory["total"] > mem_limit_gb * GIB:
+        problems.append(_memory_problem(cfg, plan))
+    return plan
+
+
+def _memory_problem(cfg, plan: Plan) -> str:
+    mem, p = plan.memory, cfg.parallel
+    ranked = sorted(COMPONENTS, key=lambda k: -mem[k])
+    top = ", ".join(f"{k} {mem[k] / GIB:.1f}" for k in ranked[:3] if mem[k] > 0)
+    hints = []
+    if mem["activations"] + mem["logits"] >= mem["parameters"] + mem["gradients"] + mem["optimizer"]:
+        hints.append("a smaller train.micro_batch_size (activations and logits scale with it)")
+        hints.append("more parallel.tensor_parallel (divides activations, logits and weights)")
+    else:
+        if plan.dp > 1 and p.zero_stage < (1 if plan.pp > 1 else 3):
+            hints.append(
+                f"a higher parallel.zero_stage (partitions optimizer states, then gradients, then weights over "
+                f"DP={plan.dp})"
+            )
+        hints.append("more parallel.tensor_parallel or parallel.pipeline_parallel (fewer weights per rank)")
+        hints.append("a smaller train.micro_batch_size")
+    where = f"pipeline stage {plan.stage}, " if plan.pp > 1 else ""
+    return (
+        f"--gpu-mem-gb: estimated {mem['total'] / GIB:.1f} GiB per GPU ({where}largest: {top} GiB) exceeds "
+        f"{plan.mem_limit_gb:g} GiB; try " + ", or ".join(hints)
+    )
+
+
+def plan_problems(plan: Plan) -> list[str]:
+    """The plan's problems (:func:`make_plan` fills ``plan.problems``; empty: the geometry can work)."""
+    return list(plan.problems)
+
+
+def format_plan(plan: Plan) -> str:
+    """A multi-line human summary: grid, batch arithmetic, the memory table (GiB) against the limit, problems."""
+    mem = plan.memory
+    lines = [
+        f"plan: {plan.nodes} node(s) x {plan.ranks_per_node} rank(s) = world {plan.world} ({plan.device}); "
+        f"TP {plan.tp} x PP {plan.pp} x DP {plan.dp}",
+        f"batch: micro {plan.micro_batch} x accumulation {plan.grad_accum} x DP {plan.dp} = global "
+        f"{plan.global_batch} sequences x {plan.seq_length} tokens = {plan.tokens_per_step:,} tokens/step",
+        f"memory per rank, GiB (pipeline stage {plan.stage} of {plan.pp}; ZeRO {plan.zero_stage}, {plan.precision}, "
+        f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank):",
+    ]
+    for k in COMPONENTS:
+        lines.append(f"  {k:<12} {mem[k] / GIB:9.2f}")
+    limit = plan.mem_limit_gb
+    share = f" of {limit:g} ({100 * mem['total'] / (limit * GIB):.0f}%)" if limit else " (no limit checked)"
+    lines.append(f"  {'total':<12} {mem['total'] / GIB:9.2f}{share}")
+    if plan.buffers_in_backward:
+        lines.append(
+            "  (total = parameters + gradients + optimizer + runtime + buffers + max(activations + logits, step))"
+        )
+    else:
+        lines.append(
+            "  (total = parameters + gradients + optimizer + runtime + max(activations + logits, buffers, step))"
+        )
+    lines += [f"problem: {x}" for x in plan.problems] or ["problems: none"]
+    return "\n".join(lines)

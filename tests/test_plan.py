@@ -1,0 +1,213 @@
+"""The training plan and per-rank memory estimate (leviathan_pretrain/plan.py): pure arithmetic, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from leviathan_pretrain.config import load_config
+from leviathan_pretrain.model import sizes
+from leviathan_pretrain.plan import (
+    BYTES,
+    COMPONENTS,
+    GIB,
+    format_plan,
+    make_plan,
+    partition_balanced,
+    plan_problems,
+    stage_layout,
+)
+
+BIG = "configs/1.2b-lev.yaml"
+TINY = "configs/tiny-cpu-lev.yaml"
+VARIANTS = ("lev", "tied", "untied", "albert", "flat_mlp", "factored_mlp")
+
+
+def cfg_of(path=BIG, *overrides):
+    return load_config(path, list(overrides))
+
+
+def keys(plan) -> list[str]:
+    return [p.split(":", 1)[0] for p in plan_problems(plan)]
+
+
+def replicated(m) -> int:
+    """Parameters every TP rank holds in full: the norms, and the input layer's unsharded pieces."""
+    D, lev = m.hidden_size, m.lev
+    out = 2 * D * m.num_layers + D
+    codebooks = lev.digits * lev.resolved_base(m.vocab_size) * lev.seed_dim
+    if m.variant == "lev":
+        out += codebooks
+    if m.variant == "factored_mlp":
+        out += codebooks + 2 * lev.seed_dim
+    if m.variant == "albert":
+        out += sizes.albert_dim(m) * D
+    if m.variant == "flat_mlp":
+        out += 2 * sizes.flat_mlp_dims(m)[0]
+    return out
+
+
+# ---------------------------------------------------------------- problems
+
+
+def test_tp_pp_not_dividing_the_world_is_reported():
+    plan = make_plan(cfg_of(BIG, "parallel.tensor_parallel=2", "parallel.pipeline_parallel=2"), 3, 2)
+    assert keys(plan) == ["--nodes/--gpus-per-node"]
+    assert "6" in plan.problems[0] and "parallel.tensor_parallel" in plan.problems[0]
+
+
+def test_global_batch_not_divisible_by_micro_x_dp_is_reported():
+    plan = make_plan(cfg_of(BIG, "parallel.tensor_parallel=2", "train.global_batch_size=520"), 16, 8)
+    assert keys(plan) == ["train.global_batch_size"]
+    assert "8 x 64 = 512" in plan.problems[0]
+
+
+def test_more_stages_than_layers_is_reported():
+    cfg = cfg_of(TINY)  # 4 layers; config loading refuses PP > layers, a launcher may still ask for it
+    cfg.parallel.pipeline_parallel = 8
+    plan = make_plan(cfg, 1, 8, device="cpu", mem_limit_gb=None)
+    assert "parallel.pipeline_parallel" in keys(plan)
+
+
+def test_memory_over_the_limit_names_the_option_and_the_cure():
+    cfg = cfg_of(
+        BIG,
+        "train.micro_batch_size=64",
+        "train.global_batch_size=64",
+        "parallel.zero_stage=0",
+        "parallel.precision=bf16",
+    )
+    plan = make_plan(cfg, 1, 1)
+    assert keys(plan) == ["--gpu-mem-gb"]
+    msg = plan.problems[0]
+    assert "activations" in msg and "train.micro_batch_size" in msg and "parallel.tensor_parallel" in msg
+    assert plan.memory["total"] > 80 * GIB
+    assert not make_plan(cfg, 1, 1, mem_limit_gb=None).problems  # no limit, no check
+
+
+def test_state_dominated_overflow_suggests_a_higher_zero_stage():
+    cfg = cfg_of(BIG, "train.micro_batch_size=1", "train.global_batch_size=64", "parallel.zero_stage=0")
+    plan = make_plan(cfg, 8, 8, mem_limit_gb=16)
+    assert keys(plan) == ["--gpu-mem-gb"] and "parallel.zero_stage" in plan.problems[0]
+
+
+def test_cpu_only_refusals():
+    cfg = cfg_of(TINY, "parallel.precision=fp16", "model.attention_backend=megatron")
+    assert set(keys(make_plan(cfg, 1, 1, device="cpu", mem_limit_gb=None))) == {
+        "parallel.precision",
+        "model.attention_backend",
+    }
+
+
+# ---------------------------------------------------------------- a good geometry
+
+
+def test_good_geometry_numbers():
+    cfg = cfg_of(BIG, "parallel.tensor_parallel=2", "parallel.zero_stage=1")
+    plan = make_plan(cfg, 16, 8)
+    assert plan.problems == []
+    assert (plan.world, plan.tp, plan.pp, plan.dp) == (128, 2, 1, 64)
+    assert (plan.micro_batch, plan.global_batch, plan.grad_accum) == (8, 512, 1)
+    assert plan.tokens_per_step == 512 * 512 == plan.global_batch * plan.seq_length
+    assert plan.memory["total"] < 80 * GIB and plan.memory["runtime"] > 0
+    few = make_plan(cfg, 2, 8)  # DP 8: accumulation 512 / (8 x 8)
+    assert (few.dp, few.grad_accum, few.problems) == (8, 8, [])
+    text = format_plan(plan)
+    for s in ("TP 2 x PP 1 x DP 64", "262,144 tokens/step", "accumulation 1", "total", "of 80", "problems: none"):
+        assert s in text
+    assert set(plan.memory) == {*COMPONENTS, "total"}
+    mem = plan.memory
+    assert mem["total"] == pytest.approx(
+        sum(mem[k] for k in ("parameters", "gradients", "optimizer", "buffers", "runtime"))
+        + max(mem["activations"] + mem["logits"], mem["step"])
+    )
+
+
+# ---------------------------------------------------------------- parameter bytes
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_parameter_bytes_equal_the_closed_form_count_at_tp1(variant, precision):
+    cfg = cfg_of(f"configs/1.2b-{variant}.yaml", "parallel.zero_stage=0", f"parallel.precision={precision}")
+    plan = make_plan(cfg, 1, 1)
+    total = sizes.param_breakdown(cfg.model, 1)["total"]
+    assert plan.params_per_rank == total
+    assert plan.memory["parameters"] == total * BYTES[precision]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tensor_parallel_divides_all_but_the_replicated_parameters(variant):
+    one = make_plan(cfg_of(f"configs/1.2b-{variant}.yaml", "parallel.zero_stage=0"), 1, 1)
+    cfg2 = cfg_of(f"configs/1.2b-{variant}.yaml", "parallel.zero_stage=0", "parallel.tensor_parallel=2")
+    two = make_plan(cfg2, 1, 2)
+    R = replicated(cfg2.model)
+    # sharded pieces halve; the padded vocabulary is a multiple of 128 x TP, so count the whole model at TP = 2
+    assert two.params_per_rank == R + (sizes.param_breakdown(cfg2.model, 2)["total"] - R) // 2
+    assert one.params_per_rank == sizes.param_breakdown(cfg2.model, 1)["total"]
+    assert two.memory["parameters"] == two.params_per_rank * 2  # bf16
+
+
+def test_zero_stages_partition_what_they_should():
+    plans = {
+        z: make_plan(cfg_of(BIG, "parallel.tensor_parallel=2", f"parallel.zero_stage={z}"), 16, 8) for z in range(4)
+    }
+    dp, P = 64, plans[0].params_per_rank
+    z0, z1, z2, z3 = (plans[z].memory for z in range(4))
+    assert z0["parameters"] == z1["parameters"] == z2["parameters"] == 2 * P  # bf16 weights
+    assert z3["parameters"] == z2["parameters"] / dp
+    assert z0["optimizer"] == 12 * P  # FP16_UnfusedOptimizer: fp32 master + Adam m + v, not partitioned
+    assert z1["optimizer"] == z0["optimizer"] / dp == z2["optimizer"] == z3["optimizer"]
+    assert z1["gradients"] == z0["gradients"] == 2 * P
+    assert z2["gradients"] == z1["gradients"] / dp == z3["gradients"]
+    assert z0["activations"] == z1["activations"] == z2["activations"] == z3["activations"]
+    fp32 = {z: make_plan(cfg_of(TINY, f"parallel.zero_stage={z}"), 1, 4, device="cpu") for z in (0, 1)}
+    Q = fp32[0].params_per_rank
+    assert fp32[0].memory["optimizer"] == 8 * Q  # plain AdamW: m + v only
+    assert fp32[1].memory["optimizer"] == 12 * Q / 4  # DeepSpeed keeps an fp32 master copy under ZeRO >= 1
+
+
+# ---------------------------------------------------------------- activations and pipeline stages
+
+
+def test_activations_scale_with_the_micro_batch_and_divide_by_tp():
+    def mem(micro, *o):  # accumulation 1 throughout (no fresh-gradient term)
+        cfg = cfg_of("configs/1.2b-tied.yaml", f"train.micro_batch_size={micro}", *o)
+        dp = 64 // cfg.parallel.tensor_parallel
+        cfg.train.global_batch_size = micro * dp
+        plan = make_plan(cfg, 8, 8)
+        assert plan.grad_accum == 1 and not plan.problems
+        return plan.memory
+
+    one, two = mem(4), mem(8)
+    assert two["activations"] == pytest.approx(2 * one["activations"])
+    assert two["logits"] == pytest.approx(2 * one["logits"])
+    tp2 = mem(8, "parallel.tensor_parallel=2")
+    assert tp2["logits"] < two["logits"] / 2 * 1.01  # vocab-parallel logits (V_pad may grow by <= 128 x TP rows)
+    assert two["activations"] / 2 < tp2["activations"] < two["activations"]  # norms are not divided (no SP)
+
+
+def test_pipeline_stages_follow_deepspeed_partitioning():
+    assert partition_balanced([0] + [1] * 16 + [0, 0], 4)[1:-1] == [5, 9, 13]
+    layout = stage_layout(16, 4)
+    assert [s["blocks"] for s in layout] == [4, 4, 4, 4]
+    assert layout[0]["input"] and layout[3]["head"] and layout[3]["final"] and not layout[0]["head"]
+    cfg = cfg_of(BIG, "parallel.pipeline_parallel=4")  # ZeRO 1, accumulation 512 / 8 / 4 = 16 >= 4 stages
+    plan = make_plan(cfg, 2, 8)
+    assert (plan.dp, plan.grad_accum, plan.problems) == (4, 16, [])
+    assert plan.stage == 0  # 4 micro-batches in flight on stage 0
+    single = make_plan(cfg_of(BIG), 16, 8)
+    assert plan.params_per_rank < single.params_per_rank / 2
+    assert plan.memory["logits"] == 0  # the head is on the last stage
+
+
+def test_cpu_plan_has_no_runtime_and_no_limit():
+    plan = make_plan(cfg_of(TINY), 1, 1, device="cpu", mem_limit_gb=None)
+    assert plan.memory["runtime"] == 0 and plan.problems == [] and plan.mem_limit_gb is None
+    mem = plan.memory  # ZeRO 0 / CPU: gradient flattening, optimizer step and forward/backward do not overlap
+    assert mem["total"] == pytest.approx(
+        mem["parameters"]
+        + mem["gradients"]
+        + mem["optimizer"]
+        + max(mem["activations"] + mem["logits"], mem["buffers"], mem["step"])
+    )
+    assert "no limit checked" in format_plan(plan)
