@@ -99,23 +99,6 @@ class Meter:
         return max([m["peak_mib"] for m in self.memory.values()] + [_proc_status("VmRSS") or 0.0])
 
 
-@contextlib.contextmanager
-def one_process_group():
-    """A 1-process gloo group (file store: no port) for megatron-core's blends, unless one exists already."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        yield
-        return
-    tmp = tempfile.mkdtemp(prefix="leviathan-pg-")
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _npy_intact(path: Path) -> bool:
     """The ``.npy`` header is readable and the file holds all the data it announces."""
     import numpy as np
@@ -153,6 +136,7 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
 def build_cache(cfg, config_label: str = "", log=print) -> dict:
     """Checks, index build and stamp for ``cfg``; returns a report (steps with seconds and memory, files)."""
     # imported here, not at the top: --help answers at once, and megatron-core's import cost is a reported step
+    from leviathan_pretrain import parallel
     from leviathan_pretrain.trainer import data as D
 
     m = Meter()
@@ -181,7 +165,7 @@ def build_cache(cfg, config_label: str = "", log=print) -> dict:
     stage = Path(tempfile.mkdtemp(prefix=".leviathan-build-", dir=cdir))
     try:
         damaged = _stage_existing(cdir, stage)
-        with m.step("index build or load (megatron-core)"), one_process_group():
+        with m.step("index build or load (megatron-core)"), parallel.one_process_group():
             splits = D.build_splits(cfg, eod, True, path_to_cache=str(stage))
         names = C.index_files(splits)
         new = [n for n in names if (stage / n).is_file() and not (stage / n).is_symlink()]

@@ -12,8 +12,11 @@ One code path for every launcher and machine:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -281,6 +284,22 @@ def seed_everything(seed: int, device: torch.device) -> None:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+@contextlib.contextmanager
+def one_process_group():
+    """A 1-process gloo group (file store: no port) for single-process tools (megatron-core's blends, evaluation,
+    export), unless one exists already; destroyed on exit if it was made here."""
+    if dist.is_initialized():
+        yield
+        return
+    tmp = tempfile.mkdtemp(prefix="leviathan-pg-")
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def destroy_distributed(barrier: bool = True) -> None:

@@ -232,3 +232,13 @@ def slurm_cluster(tmp_path_factory):
         else:
             os.environ["SLURM_CONF"] = old
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def trained_run(test_cache, minipile_shards, tokenizer_model):
+    """``trained_run(name)`` -> the run directory of a small trained run of tests/trained.py (``lev-tp2``,
+    ``tied-tp2``, ``untied-pp2``, ``lev-z3dp2``), trained on first use and cached."""
+    from tests import trained
+
+    cache = test_cache.parent / "trained"
+    return lambda name: trained.train_run(name, cache, minipile_shards, tokenizer_model)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from leviathan_pretrain import build_data_cache as B
+from leviathan_pretrain import parallel
 from leviathan_pretrain.config import ConfigError, load_config
 from leviathan_pretrain.trainer import data as D
 from leviathan_pretrain.trainer import data_cache as C
@@ -37,7 +38,7 @@ def snapshot(d: Path) -> dict:
 def trainer_build(cfg):
     """What every rank of the trainer does: rank 0's checks give the EOD id, then build_datasets."""
     eod = D.data_summary(cfg)["eod_id"]
-    with B.one_process_group():
+    with parallel.one_process_group():
         return D.build_datasets(cfg, eod, needs_data=True)
 
 

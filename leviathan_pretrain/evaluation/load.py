@@ -1,0 +1,333 @@
+"""A trained run's checkpoint as one model on one device: TP and PP shards merged, ZeRO-3 partitions gathered.
+
+``load_trained(run_dir, step=None)`` finds ``RUN/checkpoints`` (or ``checkpoint.dir``), picks ``latest`` (or
+``global_step<step>``), reads ``leviathan.json`` (the run's config, tokenizer checksum and parallel layout) and
+returns a :class:`Trained` whose ``model`` is the PP = 1, TP = 1 :class:`~leviathan_pretrain.model.assembly.GPT`
+of that config, in eval mode, fp32 unless asked otherwise. Call it inside :func:`eval_world` (megatron-core's
+RoPE reads its global context-parallel group, so even one process needs megatron's groups).
+
+Where the weights come from (every file read with weights-only ``torch.load``):
+
+- PP = 1, ZeRO 0-2: ``mp_rank_<tp>_model_states.pt`` (``module``: the model's state dict on that TP rank);
+- PP > 1: ``layer_<piece>-model_<tp>-model_states.pt`` (piece ``i``'s own keys; TIED's table in piece 0);
+- ZeRO 3: DeepSpeed's ``zero_to_fp32`` over the ``zero_pp_rank_<dp>_mp_rank_<tp>_*`` files of each TP rank
+  (the fp32 master weights; ZeRO 0-2 give the weights the model computed with, e.g. bf16).
+
+Merging TP shards uses megatron-core's own parameter attributes on the TP = 1 model (``tensor_model_parallel``,
+``partition_dim``): sharded parameters are concatenated along that dimension, replicated ones taken from TP rank
+0. Two layouts need more than concatenation: SwiGLU's ``linear_fc1`` holds ``[gate; up]`` *per TP shard* (the
+halves are regrouped), and the padded vocabulary depends on TP (``make_vocab_size_divisible_by x TP``), so the
+TP = 1 model is built with ``make_vocab_size_divisible_by`` multiplied by the saved TP: its tables have exactly
+the rows the shards have. QKV needs nothing: megatron-core interleaves it per query group and TP splits whole
+groups. The padded rows are kept (the model is the trained one); evaluation scores the first
+``model.vocab_size`` logits only (see :mod:`.scoring`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data_prep.fileio import sha256_file
+from leviathan_pretrain.config import Config, ConfigError
+from leviathan_pretrain.configlib import build, validate_tree
+from leviathan_pretrain.trainer.ckpt_names import META, TAG_PREFIX, CheckpointError, read_latest, step_of, tag_for
+
+
+class EvalError(RuntimeError):
+    """A run, checkpoint, tokenizer or evaluation input that cannot be used; the message names the file."""
+
+
+@dataclass
+class Trained:
+    """A loaded checkpoint: ``cfg`` is the run's config as saved (its parallel layout included), ``model`` the
+    merged TP = 1 model on ``device`` in eval mode, ``tokenizer`` the checked SentencePiece model (or None)."""
+
+    run_dir: Path
+    ckpt_dir: Path
+    tag: str
+    step: int
+    meta: dict
+    cfg: Config
+    model: torch.nn.Module
+    tokenizer: Path | None
+
+    @property
+    def variant(self) -> str:
+        return self.cfg.model.variant
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.model.vocab_size
+
+
+# ---------------------------------------------------------------- where
+
+
+def checkpoint_location(run_dir: str | os.PathLike, checkpoint_dir: str | os.PathLike | None = None) -> Path:
+    """The checkpoint directory of a run: ``checkpoint_dir`` if given; else ``RUN/checkpoints``; else ``RUN`` itself
+    when it holds ``latest`` or ``global_step*`` folders (a checkpoint directory passed as the run)."""
+    if checkpoint_dir is not None:
+        path = Path(checkpoint_dir)
+    else:
+        run = Path(run_dir)
+        if not run.is_dir():
+            raise EvalError(f"{run}: no such run directory")
+        path = run / "checkpoints"
+        if not path.is_dir() and ((run / "latest").is_file() or any(run.glob(f"{TAG_PREFIX}*"))):
+            path = run
+    if not path.is_dir():
+        raise EvalError(f"{path}: no checkpoint directory (give --checkpoint-dir if the run used checkpoint.dir)")
+    return path
+
+
+def select_tag(ckpt_dir: Path, step: int | None = None) -> str:
+    """``global_step<step>``, or the tag ``latest`` names; the checkpoint must be complete (``leviathan.json``)."""
+    if step is not None:
+        tag = tag_for(step)
+        if not (ckpt_dir / tag / META).is_file():
+            have = sorted((d.name for d in ckpt_dir.glob(f"{TAG_PREFIX}*") if (d / META).is_file()), key=step_of)
+            raise EvalError(
+                f"{ckpt_dir / tag}: no complete checkpoint at step {step} (complete: {', '.join(have) or 'none'})"
+            )
+        return tag
+    try:
+        tag = read_latest(ckpt_dir)
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
+    if tag is None:
+        raise EvalError(f"{ckpt_dir}: no complete checkpoint ({ckpt_dir / 'latest'} is missing or empty)")
+    return tag
+
+
+def saved_config(meta: dict, where: Path) -> Config:
+    """The run's :class:`Config` from ``leviathan.json`` (validated without touching its data paths)."""
+    data = copy.deepcopy(meta.get("config"))
+    if not isinstance(data, dict):
+        raise EvalError(f"{where}: no config recorded")
+    tokenizer = (data.get("data") or {}).pop("tokenizer", None)
+    try:
+        cfg = build(Config, data)
+        validate_tree(cfg)  # the tokenizer check is done separately (check_tokenizer), with its own message
+    except ConfigError as e:
+        raise EvalError(f"{where}: the recorded config does not load with this version ({e})") from None
+    cfg.data.tokenizer = tokenizer
+    return cfg
+
+
+def check_tokenizer(cfg: Config, meta: dict, tokenizer: str | os.PathLike | None, where: Path) -> Path | None:
+    """The tokenizer to use: ``tokenizer`` or the run's ``data.tokenizer``; its sha256 must equal the one recorded
+    at training. None when neither exists (then only shard evaluation is possible)."""
+    path = Path(tokenizer) if tokenizer else (Path(cfg.data.tokenizer) if cfg.data.tokenizer else None)
+    if path is None:
+        return None
+    if not path.is_file():
+        if tokenizer:
+            raise EvalError(f"{path}: tokenizer not found")
+        return None
+    want = meta.get("tokenizer_sha256")
+    if want and sha256_file(path) != want:
+        raise EvalError(
+            f"{path}: sha256 {sha256_file(path)[:16]}... differs from the tokenizer this run trained with "
+            f"({want[:16]}..., recorded in {where}); give --tokenizer with the run's tokenizer.model"
+        )
+    return path
+
+
+# ---------------------------------------------------------------- weights
+
+
+def _eval_model_config(cfg: Config, tp_saved: int):
+    m = copy.deepcopy(cfg.model)
+    m.make_vocab_size_divisible_by *= tp_saved  # the saved shards' padded vocabulary, at TP = 1
+    return m
+
+
+def _piece_of(key: str) -> tuple[str, str]:
+    """``"3.layer.mlp..."`` -> ("3", "layer.mlp..."); TIED's shared piece -> ("tied", "embedding...")."""
+    if key.startswith("tied_modules."):
+        return "tied", key.split(".", 2)[2]
+    index, _, rest = key.partition(".")
+    return index, rest
+
+
+@contextlib.contextmanager
+def _weights_only():
+    from leviathan_pretrain.trainer.reshard import _weights_only_torch_load
+
+    with _weights_only_torch_load():
+        yield
+
+
+def _zero3_state(tag_dir: Path, tp_rank: int) -> dict:
+    """The fp32 weights of one TP rank from ZeRO-3 partitions (DeepSpeed's zero_to_fp32 on that rank's files)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    files = sorted(tag_dir.glob(f"*mp_rank_{tp_rank:02d}_*.pt"))
+    if not files:
+        raise EvalError(f"{tag_dir}: no ZeRO-3 files of tensor-parallel rank {tp_rank}")
+    tmp = Path(tempfile.mkdtemp(prefix="leviathan-zero3-"))  # ours: links to one TP rank's files
+    try:
+        (tmp / "t").mkdir()
+        for f in files:
+            os.symlink(f.resolve(), tmp / "t" / f.name)
+        (tmp / "latest").write_text("t")
+        with _weights_only(), contextlib.redirect_stdout(open(os.devnull, "w")):
+            return get_fp32_state_dict_from_zero_checkpoint(str(tmp), tag="t")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shard_states(tag_dir: Path, layout: dict) -> list[dict]:
+    """Per TP rank, the state dict of the whole model (keys as the PP = 1 model names them)."""
+    from leviathan_pretrain.trainer.safe_io import safe_load
+
+    tp, pp, zero = int(layout.get("tp", 1)), int(layout.get("pp", 1)), int(layout.get("zero_stage") or 0)
+    states = []
+    for t in range(tp):
+        if zero == 3:
+            states.append(_zero3_state(tag_dir, t))
+        elif pp == 1:
+            f = tag_dir / f"mp_rank_{t:02d}_model_states.pt"
+            if not f.is_file():
+                raise EvalError(f"{f}: missing (the checkpoint says TP={tp}, PP=1)")
+            try:
+                states.append(dict(safe_load(f)["module"]))
+            except CheckpointError as e:
+                raise EvalError(str(e)) from None
+        else:
+            files = sorted(tag_dir.glob(f"layer_*-model_{t:02d}-model_states.pt"))
+            if not files:
+                raise EvalError(f"{tag_dir}: no pipeline layer files of tensor-parallel rank {t} (PP={pp})")
+            sd = {}
+            for f in files:
+                index = int(f.name.split("-", 1)[0][len("layer_") :])
+                for k, v in safe_load(f).items():
+                    sd[f"{index}.{k}"] = v
+            states.append(sd)
+    return states
+
+
+def merge_tp(model: torch.nn.Module, states: list[dict]) -> dict:
+    """The TP = 1 state dict of ``model`` from per-TP-rank ``states`` (see the module doc)."""
+    params = dict(model.named_parameters())
+    out = {}
+    for key, target in model.state_dict().items():
+        piece, rest = _piece_of(key)
+        names = [key] if piece != "tied" else [key, f"0.{rest}"]  # pipeline files store TIED's table as piece 0
+        found = next((n for n in names if n in states[0]), None)
+        if found is None:
+            if key.endswith("_extra_state"):
+                out[key] = target
+                continue
+            raise EvalError(f"the checkpoint has no weights for {key}")
+        shards = [s[found] for s in states]
+        p = params.get(key)
+        if len(shards) == 1 or p is None or not getattr(p, "tensor_model_parallel", False):
+            value = shards[0]
+        elif key.endswith("mlp.linear_fc1.weight"):  # SwiGLU: [gate; up] per shard
+            halves = [s.chunk(2, dim=0) for s in shards]
+            value = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+        else:
+            value = torch.cat(shards, dim=p.partition_dim)
+        if torch.is_tensor(target) and tuple(value.shape) != tuple(target.shape):
+            raise EvalError(
+                f"{key}: merged shape {tuple(value.shape)} != the model's {tuple(target.shape)} "
+                "(the checkpoint is of another configuration)"
+            )
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- the world and the model
+
+
+@contextlib.contextmanager
+def eval_world(device: str = "cpu"):
+    """torch.distributed + megatron-core's groups at TP = PP = 1 for in-process evaluation: a 1-process gloo group
+    unless the process was launched with rank variables (then every rank joins; data-parallel evaluation)."""
+    from megatron.core import parallel_state as ps
+
+    from leviathan_pretrain import parallel
+    from leviathan_pretrain.config import ParallelConfig
+    from leviathan_pretrain.model.settings import resolve_device
+
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if launched:
+        env = parallel.init_distributed(ParallelConfig(device=device))
+        try:
+            yield env.device
+        finally:
+            parallel.destroy_distributed()
+        return
+    with parallel.one_process_group():
+        made = not ps.model_parallel_is_initialized()
+        if made:
+            ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        try:
+            yield torch.device(resolve_device(device))
+        finally:
+            if made:
+                ps.destroy_model_parallel()
+
+
+def load_trained(
+    run_dir: str | os.PathLike,
+    step: int | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Trained:
+    """Load a run's checkpoint as one model (see the module doc); inside :func:`eval_world`."""
+    from megatron.core import parallel_state as ps
+
+    from leviathan_pretrain.model import BuildSettings
+    from leviathan_pretrain.model.assembly import build_model
+
+    ckpt_dir = checkpoint_location(run_dir, checkpoint_dir)
+    tag = select_tag(ckpt_dir, step)
+    where = ckpt_dir / tag / META
+    try:
+        meta = json.loads(where.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise EvalError(f"{where}: unreadable ({e})") from None
+    from leviathan_pretrain.model import LAYOUT_VERSION
+
+    if meta.get("model_layout") != LAYOUT_VERSION:
+        raise EvalError(
+            f"{where}: model layout {meta.get('model_layout')} (this version reads layout {LAYOUT_VERSION})"
+        )
+    cfg = saved_config(meta, where)
+    tok = check_tokenizer(cfg, meta, tokenizer, where)
+    layout = meta.get("layout") or {}
+    model_cfg = _eval_model_config(cfg, int(layout.get("tp", 1)))
+    build_settings = BuildSettings(
+        tensor_parallel=1, tp_group=ps.get_tensor_model_parallel_group(), precision="fp32", device="cpu"
+    )
+    model = build_model(model_cfg, build_settings)
+    states = shard_states(ckpt_dir / tag, layout)
+    merged = merge_tp(model, states)
+    del states
+    model.load_state_dict(merged, strict=True)
+    model = model.to(device=device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return Trained(
+        run_dir=Path(run_dir),
+        ckpt_dir=ckpt_dir,
+        tag=tag,
+        step=int(meta.get("step", step_of(tag) or 0)),
+        meta=meta,
+        cfg=cfg,
+        model=model,
+        tokenizer=tok,
+    )
