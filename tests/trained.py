@@ -52,10 +52,16 @@ RUNS = {
 }
 
 
+# the code that decides what a trained run's files hold (evaluation/export code changing must not retrain)
+TRAINER_CODE = ("model", "trainer", "config.py", "configlib.py", "parallel.py", "train.py")
+
+
 def _code_key(*extra: str) -> str:
     h = hashlib.sha256("\0".join(extra).encode())
-    for p in sorted((REPO / "leviathan_pretrain").rglob("*.py")):
-        h.update(p.read_bytes())
+    for name in TRAINER_CODE:
+        path = REPO / "leviathan_pretrain" / name
+        for p in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(p.read_bytes())
     return h.hexdigest()[:12]
 
 

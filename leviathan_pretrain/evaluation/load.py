@@ -286,8 +286,12 @@ def load_trained(
     tokenizer: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    lookup: bool = True,
 ) -> Trained:
-    """Load a run's checkpoint as one model (see the module doc); inside :func:`eval_world`."""
+    """Load a run's checkpoint as one model (see the module doc); inside :func:`eval_world`. ``lookup``: the input
+    layers that are functions of the token id (LEV, ALBERT, the MLPs) are materialised into their ``V x D`` table
+    once and serve every forward as one lookup, as an exported model does (``lookup=False``: the training-mode
+    function)."""
     from megatron.core import parallel_state as ps
 
     from leviathan_pretrain.model import BuildSettings
@@ -321,6 +325,9 @@ def load_trained(
     model = model.to(device=device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    layer = model.input_layer
+    if lookup and hasattr(layer, "enable_lookup"):
+        layer.enable_lookup(layer.materialize(dtype=dtype))
     return Trained(
         run_dir=Path(run_dir),
         ckpt_dir=ckpt_dir,

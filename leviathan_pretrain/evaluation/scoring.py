@@ -81,8 +81,9 @@ def score_streams(
     progress=None,
 ) -> list[Scores]:
     """Score every target of each stream (see :func:`windows`). ``shard=(rank, world)``: this rank scores only
-    every ``world``-th window (the other targets stay NaN / False, for a sum over ranks); ``progress(n)`` is
-    called with the number of targets scored after each batch."""
+    every ``world``-th window and the results are summed over the world group (a collective: every rank calls
+    it with the same streams), so every rank returns all scores; ``progress(n)`` is called with the number of
+    targets this rank scored after each batch."""
     arrays = [torch.as_tensor(np.asarray(s), dtype=torch.long) for s in streams]
     plan = [w for i, a in enumerate(arrays) for w in windows(len(a), context, stride, i)]
     plan = plan[shard[0] :: shard[1]]
@@ -109,7 +110,28 @@ def score_streams(
             out[w.stream].correct[sl] = hit
         if progress is not None:
             progress(sum(w.new for w in batch))
+    if shard[1] > 1:
+        _sum_over_ranks(out)
     return out
+
+
+def _sum_over_ranks(out: list[Scores]) -> None:
+    """Every target was scored by exactly one rank: a sum over ranks (NaN counted as 0) completes each array."""
+    import torch.distributed as dist
+
+    loss = torch.from_numpy(np.nan_to_num(np.concatenate([s.loss for s in out]), nan=0.0))
+    hit = torch.from_numpy(np.concatenate([s.correct for s in out]).astype(np.float64))
+    both = torch.stack([loss, hit])
+    if dist.get_backend() == "nccl":
+        both = both.cuda()
+    dist.all_reduce(both)
+    both = both.cpu()
+    lo = 0
+    for s in out:
+        hi = lo + s.loss.size
+        s.loss[:] = both[0, lo:hi].numpy()
+        s.correct[:] = both[1, lo:hi].numpy() > 0.5
+        lo = hi
 
 
 def score_stream(model, stream, vocab_size: int, context: int, stride: int, **kw) -> Scores:

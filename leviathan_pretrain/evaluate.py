@@ -1,0 +1,260 @@
+"""Evaluate a trained run: held-out perplexity, perplexity by training frequency, WikiText, LAMBADA.
+
+    python -m leviathan_pretrain.evaluate --run RUN_DIR [--step N] [--data PREFIX ...] [--wikitext FILE]
+        [--lambada FILE] [--out report.json] [options]
+
+Loads the checkpoint (any TP / PP / ZeRO layout, merged into one model: leviathan_pretrain/evaluation/load.py)
+on one process, or data-parallel on every rank of a launch (``python launchers/local.py -n N -- -m
+leviathan_pretrain.evaluate ...``, torchrun, srun: each rank scores a share of the windows). Writes a JSON
+report (default ``RUN/eval/<tag>.json``), ``eval/...`` TensorBoard scalars into the run's TensorBoard directory
+at the checkpoint's step, and prints a table. Every target token is scored exactly once (sliding windows:
+only the new tokens of a window are scored). Full reference: docs/evaluation.md.
+
+Exit codes: 0 done; 2 bad input (run, checkpoint, tokenizer, data or text file), named in one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+EXAMPLES = """examples:
+  python -m leviathan_pretrain.evaluate --run runs/1.2b-lev
+  python -m leviathan_pretrain.evaluate --run runs/demo/train --wikitext ../shared/data/wikitext-103-test.raw
+  python -m leviathan_pretrain.evaluate --run runs/200m-lev --step 8000 --data data/pile_val --max-tokens 2000000 \\
+      --quantile-buckets 5 --out lev-8000.json"""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.evaluate",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = ap.add_argument_group("what to load")
+    g.add_argument("--run", required=True, help="the run directory (train.out_dir), or its checkpoint directory")
+    g.add_argument("--step", type=int, help="evaluate global_step<N> (default: latest)")
+    g.add_argument("--checkpoint-dir", help="the run's checkpoint.dir when it is not RUN/checkpoints")
+    g.add_argument("--tokenizer", help="the tokenizer.model (default: the run's data.tokenizer; sha256 is checked)")
+    g = ap.add_argument_group("what to evaluate")
+    g.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PREFIX",
+        help="held-out shard prefixes (default: the run's data.valid_prefixes, else the validation split of its "
+        "data.prefixes as training cut it)",
+    )
+    g.add_argument("--no-heldout", action="store_true", help="skip the held-out shards (and the frequency buckets)")
+    g.add_argument("--max-tokens", type=int, help="per held-out set: whole documents up to this many tokens")
+    g.add_argument("--no-frequency", action="store_true", help="skip the frequency-stratified perplexity")
+    g.add_argument(
+        "--bucket-edges",
+        default="1e-7,1e-6,1e-5,1e-4,1e-3",
+        help="relative training frequencies between buckets (default log decades: 1e-7,1e-6,1e-5,1e-4,1e-3)",
+    )
+    g.add_argument("--quantile-buckets", type=int, metavar="K", help="K buckets of equal training token mass instead")
+    g.add_argument("--wikitext", metavar="FILE", help="zero-shot WikiText-103 (raw format), e.g. wiki.test.raw")
+    g.add_argument("--lambada", metavar="FILE", help='LAMBADA-style last-word accuracy: jsonl of {"text": ...}')
+    g = ap.add_argument_group("how")
+    g.add_argument("--context", type=int, help="window length in tokens (default: the run's model.seq_length)")
+    g.add_argument("--stride", type=int, help="new tokens per window on shards (default: --context, disjoint)")
+    g.add_argument("--wikitext-stride", type=int, help="new tokens per window on WikiText (default: --context / 2)")
+    g.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (8)")
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when available")
+    g.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="compute dtype (fp32; bf16 on GPU)")
+    g = ap.add_argument_group("output")
+    g.add_argument("--out", help="the JSON report (default RUN/eval/<tag>.json)")
+    g.add_argument("--no-tensorboard", action="store_true", help="do not write eval/ scalars to the run's TensorBoard")
+    g.add_argument("--quiet", action="store_true", help="no progress lines")
+    return ap
+
+
+def _check_args(ns) -> None:
+    from leviathan_pretrain.evaluation.load import EvalError
+
+    for opt in ("context", "stride", "wikitext_stride", "batch_size", "max_tokens", "step"):
+        v = getattr(ns, opt)
+        if v is not None and v < (0 if opt == "step" else 1):
+            raise EvalError(f"--{opt.replace('_', '-')}: must be >= {0 if opt == 'step' else 1}, got {v}")
+    try:
+        ns.edges = [float(x) for x in ns.bucket_edges.split(",") if x.strip()]
+    except ValueError:
+        raise EvalError(f"--bucket-edges: {ns.bucket_edges!r} is not a comma-separated list of numbers") from None
+
+
+def evaluate(ns, world: tuple[int, int], device) -> dict:
+    """Everything ``ns`` asks for, as a report dict (see evaluation/report.py)."""
+    import sentencepiece as spm
+    import torch
+
+    from leviathan_pretrain.evaluation import heldout as H
+    from leviathan_pretrain.evaluation import texts as T
+    from leviathan_pretrain.evaluation.load import EvalError, load_trained
+    from leviathan_pretrain.evaluation.report import SCHEMA, Meter
+    from leviathan_pretrain.evaluation.scoring import score_streams
+    from leviathan_pretrain.model import sizes
+
+    t0 = time.monotonic()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[ns.dtype]
+    if dtype == torch.bfloat16 and device.type != "cuda":
+        raise EvalError("--dtype bf16: needs a GPU here (CPU bf16 matmuls are slow and not what training used)")
+    tr = load_trained(ns.run, ns.step, ns.checkpoint_dir, ns.tokenizer, device=device, dtype=dtype)
+    cfg, V = tr.cfg, tr.vocab_size
+    context = ns.context or cfg.model.seq_length
+    if context > cfg.model.seq_length:
+        print(f"[evaluate] note: --context {context} is longer than the trained seq_length {cfg.model.seq_length}")
+    stride = ns.stride or context
+    if stride > context:
+        raise EvalError(f"--stride {stride}: must be <= --context {context}")
+    verbose = not ns.quiet and world[0] == 0
+    kw = dict(batch_size=ns.batch_size, device=device, shard=world)
+    layout = tr.meta.get("layout") or {}
+    counts = sizes.param_breakdown(cfg.model, int(layout.get("tp", 1)))
+    report = {
+        "schema": SCHEMA,
+        "run": str(Path(ns.run).resolve()),
+        "checkpoint": str((tr.ckpt_dir / tr.tag).resolve()),
+        "tag": tr.tag,
+        "step": tr.step,
+        "variant": tr.variant,
+        "params": {
+            "total": counts["total"],
+            "input_layer": counts["input"],
+            "non_input": counts["total"] - counts["input"],
+        },
+        "tokens_seen": int(tr.meta.get("consumed_samples", 0)) * cfg.model.seq_length,
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "heldout": [],
+        "frequency": None,
+        "wikitext": None,
+        "lambada": None,
+        "settings": {
+            "context": context,
+            "stride": stride,
+            "batch_size": ns.batch_size,
+            "device": str(device),
+            "dtype": ns.dtype,
+            "max_tokens": ns.max_tokens,
+            "world": world[1],
+        },
+    }
+    if verbose:
+        print(f"[evaluate] {tr.ckpt_dir / tr.tag}: {tr.variant}, layout {layout}, step {tr.step}", flush=True)
+    all_loss, all_tgt = [], []
+    if not ns.no_heldout:
+        for hs in H.heldout_sets(cfg, ns.data):
+            tokens, docs, left = H.read_stream(hs, ns.max_tokens)
+            if tokens.size < 2:
+                raise EvalError(f"{hs.prefix}: fewer than 2 tokens to evaluate")
+            if int(tokens.max()) >= V:
+                raise EvalError(f"{hs.prefix}: token id {int(tokens.max())} >= model.vocab_size={V}: another tokenizer")
+            meter = Meter(hs.name, tokens.size - 1, verbose)
+            s = score_streams(tr.model, [tokens], V, context, stride, progress=meter, **kw)[0]
+            meter.close()
+            report["heldout"].append(
+                {
+                    "name": hs.name,
+                    "prefix": str(Path(hs.prefix).resolve()),
+                    "documents": docs,
+                    "documents_left_out": left,
+                    "tokens": s.tokens,
+                    "loss": s.mean_loss,
+                    "ppl": float(torch.tensor(s.mean_loss).exp()),
+                }
+            )
+            all_loss.append(s.loss)
+            all_tgt.append(s.target)
+    if all_loss and not ns.no_frequency:
+        import numpy as np
+
+        try:
+            train_counts, files = H.training_counts(list(cfg.data.prefixes), V)
+        except EvalError as e:
+            print(f"[evaluate] frequency buckets skipped: {e}", file=sys.stderr)
+        else:
+            fr = H.frequency_buckets(
+                np.concatenate(all_loss), np.concatenate(all_tgt), train_counts, ns.edges, ns.quantile_buckets
+            )
+            report["frequency"] = {"counts": files, **fr}
+    sp = None
+    if ns.wikitext or ns.lambada:
+        if tr.tokenizer is None:
+            raise EvalError(
+                "WikiText/LAMBADA need the run's tokenizer: the recorded data.tokenizer is missing; "
+                "give --tokenizer PATH"
+            )
+        sp = spm.SentencePieceProcessor(model_file=str(tr.tokenizer))
+        eod = int(sp.eos_id())
+    if ns.wikitext:
+        texts = T.wikitext_articles(ns.wikitext)
+        ws = ns.wikitext_stride or max(1, context // 2)
+        if ws > context:
+            raise EvalError(f"--wikitext-stride {ws}: must be <= --context {context}")
+        streams = T.wikitext_streams(sp, eod, texts)
+        meter = Meter("wikitext", sum(len(s) - 1 for s in streams), verbose)
+        w = T.score_wikitext(tr.model, streams, V, texts, context, ws, progress=meter, **kw)
+        meter.close()
+        report["wikitext"] = {"path": str(Path(ns.wikitext).resolve()), **w}
+    if ns.lambada:
+        la = T.score_lambada(tr.model, sp, eod, V, T.lambada_examples(ns.lambada), context, **kw)
+        la.pop("word_nats")
+        report["lambada"] = {"path": str(Path(ns.lambada).resolve()), **la}
+    if not (report["heldout"] or report["wikitext"] or report["lambada"]):
+        raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    return report
+
+
+def main(argv=None) -> int:
+    ns = parser().parse_args(argv)
+    from leviathan_pretrain.evaluation.load import EvalError, eval_world
+
+    try:
+        _check_args(ns)
+        with eval_world(ns.device) as device:
+            import torch.distributed as dist
+
+            world = (dist.get_rank(), dist.get_world_size())
+            report = evaluate(ns, world, device)
+        if world[0] != 0:
+            return 0
+        from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars, write_report
+
+        out = Path(ns.out) if ns.out else Path(ns.run) / "eval" / f"{report['tag']}.json"
+        write_report(out, report)
+        print(console_table(report))
+        print(f"\nreport: {out}")
+        if not ns.no_tensorboard:
+            tb = _tensorboard_dir(ns, report)
+            if tb is not None:
+                from leviathan_pretrain.evaluation.report import write_tensorboard
+
+                write_tensorboard(tb, report["step"], tensorboard_scalars(report))
+                print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
+        return 0
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _tensorboard_dir(ns, report: dict) -> Path | None:
+    """The run's TensorBoard directory: ``logging.tensorboard_dir`` if the recorded one exists, else RUN/tensorboard
+    (None when the run logged no TensorBoard)."""
+    import json
+
+    meta = json.loads((Path(report["checkpoint"]) / "leviathan.json").read_text())
+    log = (meta.get("config") or {}).get("logging") or {}
+    if not log.get("tensorboard", True):
+        return None
+    recorded = log.get("tensorboard_dir")
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
+    return Path(ns.run) / "tensorboard"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
