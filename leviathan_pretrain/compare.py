@@ -1,0 +1,473 @@
+"""Compare training runs and their evaluation reports: one table (Markdown + CSV) and plots.
+
+    python -m leviathan_pretrain.compare RUN_A RUN_B ... [--baseline RUN] [--out DIR]
+
+Each RUN is a run directory (the trainer's ``train.out_dir``: ``train_log.jsonl`` or ``tensorboard/``,
+``checkpoints/``, ``eval/<tag>.json``) or an evaluation report file (``python -m leviathan_pretrain.evaluate``).
+A run directory uses its report with the highest step; a run without one still gets its curves and its final
+validation loss from the training log. Writes ``comparison.md``, ``comparison.csv``, ``val_loss_vs_tokens.png``,
+``ppl_by_frequency.png`` and (when a report has WikiText) ``wikitext_ppl.png`` to ``--out`` (default
+``compare-<timestamp>/``). Bad input: one ``error:`` line, exit 2. docs/compare.md says how each number is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from leviathan_pretrain.trainer.ckpt_names import META, TAG_PREFIX, CheckpointError, read_latest, step_of
+
+LOG_NAME = "train_log.jsonl"  # leviathan_pretrain.trainer.metrics.LOG_NAME (that module imports torch)
+SCHEMA = 1
+RUN_MARKS = (LOG_NAME, "tensorboard", "checkpoints", "eval")  # a directory holding one of these is a run
+
+
+class CompareError(Exception):
+    """Unusable input; the message names the file (and, for a report, the key)."""
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CompareError(f"{path}: not a readable {what} ({e})") from None
+
+
+KINDS = {"number": _is_num, "int": lambda v: _is_num(v) and isinstance(v, int), "str": lambda v: isinstance(v, str),
+         "list": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict)}  # fmt: skip
+
+
+def _field(d: dict, key: str, kind: str, path: Path, at: str = ""):
+    """``d[key]`` checked against ``kind``: a KINDS key, ``kind!``: may be null, ``kind?``: may be null or absent."""
+    name, base, v = f"{at}{key}", kind.rstrip("?!"), d.get(key)
+    if key not in d and not kind.endswith("?"):
+        raise CompareError(f"{path}: malformed report: missing key {name!r}")
+    if not ((v is None and base != kind) or KINDS[base](v)):
+        raise CompareError(f"{path}: malformed report: key {name!r} is {v!r}, expected {base}")
+    return v
+
+
+def _entries(d: dict, key: str, path: Path, at: str, need: dict) -> list[dict]:
+    items = _field(d, key, "list", path, at)
+    for i, item in enumerate(items):
+        where = f"{at}{key}[{i}]."
+        if not isinstance(item, dict):
+            raise CompareError(f"{path}: malformed report: key {where[:-1]!r} is not an object")
+        for k, kind in need.items():
+            _field(item, k, kind, path, where)
+    return items
+
+
+# the keys read here (``!``: may be null; ``?``: may be null or absent), at the top and inside sections
+REPORT_KEYS = {"step": "int", "variant": "str", "params": "dict", "tokens_seen": "number", "frequency": "dict?",
+               "wikitext": "dict?", "lambada": "dict?"}  # fmt: skip
+SECTION_KEYS = {"params": {"total": "int", "input_layer": "int"}, "lambada": {"accuracy": "number!"},
+                "wikitext": {"token_ppl": "number!", "word_ppl": "number!"}}  # fmt: skip
+
+
+def read_report(path: Path) -> dict:
+    """An evaluation report (schema 1), checked for every key the comparison reads."""
+    rep = _read_json(path, "evaluation report")
+    if not isinstance(rep, dict):
+        raise CompareError(f"{path}: malformed report: not a JSON object")
+    if _field(rep, "schema", "int", path) != SCHEMA:
+        raise CompareError(f"{path}: malformed report: key 'schema' is {rep['schema']!r}, this tool reads {SCHEMA}")
+    for key, kind in REPORT_KEYS.items():
+        if isinstance(v := _field(rep, key, kind, path), dict):
+            for k, inner in SECTION_KEYS.get(key, {}).items():
+                _field(v, k, inner, path, f"{key}.")
+    _entries(rep, "heldout", path, "", {"name": "str", "loss": "number!", "ppl": "number!"})
+    if rep.get("frequency") is not None:
+        _entries(rep["frequency"], "buckets", path, "frequency.", {"name": "str", "ppl": "number!"})
+    return rep
+
+
+def find_report(run_dir: Path) -> Path | None:
+    """``RUN/eval/*.json`` with the highest ``step`` (every one is read: a malformed one is an error)."""
+    eval_dir = run_dir / "eval"
+    if not eval_dir.is_dir():
+        return None
+    found = [(read_report(p)["step"], p) for p in sorted(eval_dir.glob("*.json")) if not p.name.startswith(".")]
+    return max(found, key=lambda sp: sp[0])[1] if found else None
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path | None  # the run directory (None: a report whose run is not here)
+    report: dict | None = None
+    report_path: Path | None = None
+    config: dict | None = None
+    consumed_samples: int | None = None
+    train: list = field(default_factory=list)  # [(step, loss)]
+    valid: list = field(default_factory=list)
+    curve_source: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def variant(self) -> str:
+        model = (self.config or {}).get("model") or {}
+        return self.report["variant"] if self.report else str(model.get("variant", "?"))
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        try:
+            return int(self.config["train"]["global_batch_size"]) * int(self.config["model"]["seq_length"])
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    def curve(self, points: list) -> list:
+        """[(tokens, loss)]: tokens = step x global_batch_size x seq_length; [] when the config is unknown."""
+        tps = self.tokens_per_step
+        return [(s * tps, v) for s, v in points] if tps else []
+
+
+def read_train_log(path: Path) -> tuple[list, list]:
+    """Training and validation points of ``train_log.jsonl``; the last record of a step wins (a resume)."""
+    train, valid = {}, {}
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CompareError(f"{path}: not readable ({e})") from None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a run still writing
+        if not isinstance(rec, dict) or "event" in rec or not isinstance(rec.get("step"), int):
+            continue
+        for key, into in (("valid_loss", valid), ("loss", train)):
+            v = rec.get(key)
+            if _is_num(v) and math.isfinite(v):
+                into[rec["step"]] = float(v)
+                break
+    return sorted(train.items()), sorted(valid.items())
+
+
+def read_events(tb_dir: Path) -> tuple[list, list]:
+    """``train/loss`` and ``valid/loss`` from TensorBoard events (the fallback when there is no train_log)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    try:
+        acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = acc.Tags().get("scalars", [])
+    except Exception as e:  # a corrupt file: tensorboard raises many kinds
+        raise CompareError(f"{tb_dir}: TensorBoard events not readable ({e})") from None
+
+    def series(tag):
+        pts = {e.step: float(e.value) for e in acc.Scalars(tag)} if tag in tags else {}
+        return sorted((s, v) for s, v in pts.items() if math.isfinite(v))
+
+    return series("train/loss"), series("valid/loss")
+
+
+def read_config(run: Run) -> None:
+    """The run config and consumed samples from the latest complete checkpoint's ``leviathan.json`` (else the
+    highest one, else the report's checkpoint), else ``RUN/config.json``."""
+    metas = []
+    if run.path is not None:
+        ckpt = run.path / "checkpoints"
+        try:
+            metas = [ckpt / tag / META for tag in [read_latest(ckpt)] if tag]
+        except CheckpointError:  # latest names an incomplete checkpoint: the highest complete one is used
+            pass
+        tags = sorted((step_of(p.name) or -1, p) for p in ckpt.glob(f"{TAG_PREFIX}*"))
+        metas += [p / META for _, p in reversed(tags)]
+    if isinstance((run.report or {}).get("checkpoint"), str):
+        metas.append(Path(run.report["checkpoint"]) / META)
+    for meta in metas:
+        if meta.is_file():
+            data = _read_json(meta, "checkpoint record")
+            if isinstance(data, dict) and isinstance(data.get("config"), dict):
+                run.config = data["config"]
+                cs = data.get("consumed_samples")
+                run.consumed_samples = cs if _is_num(cs) else None
+                return
+    if run.path is not None and (run.path / "config.json").is_file():
+        data = _read_json(run.path / "config.json", "run config")
+        run.config = data if isinstance(data, dict) else None
+
+
+def load_run(arg: str) -> Run:
+    p = Path(arg)
+    if p.is_file():
+        rep = read_report(p)
+        # its run: the directory it sits in (RUN/eval/x.json), else the one it names
+        where = [p.parent.parent] if p.parent.name == "eval" else []
+        where += [Path(rep["run"])] if isinstance(rep.get("run"), str) and rep["run"] else []
+        run_dir = next((d for d in where if any((d / m).exists() for m in RUN_MARKS)), None)
+        name = (run_dir or (where or [p.with_suffix("")])[-1]).resolve().name
+        run = Run(name=name, path=run_dir, report=rep, report_path=p)
+    elif p.is_dir():
+        if not any((p / m).exists() for m in RUN_MARKS):
+            raise CompareError(
+                f"{p}: neither a run directory (no {LOG_NAME}, tensorboard/, checkpoints/ or eval/) nor a report"
+            )
+        run = Run(name=p.resolve().name, path=p)
+        run.report_path = find_report(p)
+        run.report = read_report(run.report_path) if run.report_path else None
+    else:
+        raise CompareError(f"{arg}: no such run directory or report file")
+    if run.path is not None:
+        if (run.path / LOG_NAME).is_file():
+            run.train, run.valid = read_train_log(run.path / LOG_NAME)
+            run.curve_source = LOG_NAME
+        if not (run.train or run.valid) and (run.path / "tensorboard").is_dir():
+            run.train, run.valid = read_events(run.path / "tensorboard")
+            run.curve_source = "TensorBoard events" if run.train or run.valid else ""
+            if run.curve_source:
+                run.notes.append("curves from TensorBoard events")
+    read_config(run)
+    if run.report is None:
+        run.notes.append("no eval report")
+        if not (run.train or run.valid):
+            raise CompareError(f"{p}: no {LOG_NAME}, no TensorBoard events and no eval report")
+    if run.path is not None and not run.tokens_per_step and (run.train or run.valid):
+        run.notes.append("no config: tokens unknown")
+    return run
+
+
+def config_params(run: Run) -> dict | None:
+    """``{"input", "total"}`` from the run config (model/sizes.py's closed form), None when it does not load."""
+    try:
+        from leviathan_pretrain.config import Config
+        from leviathan_pretrain.configlib import build
+        from leviathan_pretrain.model import sizes
+
+        cfg = build(Config, run.config)
+        return sizes.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
+    except Exception:  # a config of another version: the counts stay empty
+        return None
+
+
+def run_metrics(run: Run) -> dict:
+    """``{column: value}``: the report's numbers, else what the training log and config give (noted)."""
+    rep, m = run.report or {}, {}
+    if rep:
+        m["total_params"], m["input_params"] = rep["params"]["total"], rep["params"]["input_layer"]
+        m["tokens_seen"] = rep["tokens_seen"]
+    else:
+        if run.config and (counts := config_params(run)):
+            m["total_params"], m["input_params"] = counts["total"], counts["input"]
+            run.notes.append("params from config")
+        seq = ((run.config or {}).get("model") or {}).get("seq_length")
+        if run.train and run.tokens_per_step:  # as far as the log goes (its last validation is the val loss)
+            m["tokens_seen"] = run.train[-1][0] * run.tokens_per_step
+        elif run.consumed_samples is not None and _is_num(seq):
+            m["tokens_seen"] = run.consumed_samples * seq
+    heldout = rep.get("heldout") or []
+    if heldout:
+        m["val_loss"], m["val_ppl"] = heldout[0]["loss"], heldout[0]["ppl"]
+        for h in heldout[1:]:
+            m[f"{h['name']} ppl"] = h["ppl"]
+    elif run.valid:
+        step, loss = run.valid[-1]
+        m["val_loss"], m["val_ppl"] = loss, math.exp(min(loss, 80.0))
+        run.notes.append(f"val from {run.curve_source} step {step}")
+    for b in (rep.get("frequency") or {}).get("buckets", []):
+        m[f"ppl[{b['name']}]"] = b["ppl"]
+    wiki, lam = rep.get("wikitext") or {}, rep.get("lambada") or {}
+    m["wikitext_token_ppl"], m["wikitext_word_ppl"] = wiki.get("token_ppl"), wiki.get("word_ppl")
+    m["lambada_acc"] = lam.get("accuracy")
+    return {k: v if v is not None and math.isfinite(v) else None for k, v in m.items()}  # NaN/inf/null: empty
+
+
+def tokens_to_reach(points: list, target: float) -> float | None:
+    """First tokens where the curve [(tokens, loss)] is <= target, linear between the points around the crossing."""
+    prev = None
+    for t, loss in points:
+        if loss <= target:
+            if prev is None:
+                return float(t)
+            (t0, l0) = prev
+            return t0 + (l0 - target) / (l0 - loss) * (t - t0)
+        prev = (t, loss)
+    return None
+
+
+def relative(v, base) -> float | None:
+    """(v - base) / base in percent, None where either is missing or base is 0."""
+    if not (_is_num(v) and _is_num(base)) or base == 0:
+        return None
+    return 100.0 * (v - base) / base
+
+
+def pick_baseline(runs: list, choice: str | None) -> tuple[int, str]:
+    if choice is None:
+        for i, r in enumerate(runs):
+            if r.variant == "tied":
+                return i, "the first run whose variant is tied"
+        return 0, "the first run (no run is tied)"
+    want = Path(choice).resolve()
+    for i, r in enumerate(runs):
+        if want in {q.resolve() for q in (r.path, r.report_path) if q is not None} or choice == r.name:
+            return i, "--baseline"
+    runs.insert(0, load_run(choice))  # a baseline that is not among the runs joins them
+    return 0, "--baseline"
+
+
+COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets and the buckets go after val_ppl
+    "total_params": ("params", "count"), "input_params": ("input params", "count"), "tokens_seen": ("tokens", "count"),
+    "val_loss": ("val loss", "loss"), "val_ppl": ("val ppl", "ppl"),
+    "wikitext_token_ppl": ("WikiText token ppl", "ppl"), "wikitext_word_ppl": ("WikiText word ppl", "ppl"),
+    "lambada_acc": ("LAMBADA acc", "acc"),
+}  # fmt: skip
+
+
+def fmt(v, kind: str) -> str:
+    if v is None:
+        return ""
+    if kind == "count":
+        for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+            if abs(v) >= scale:
+                return f"{v / scale:.4g}{suffix}"
+        return f"{v:g}"
+    if kind == "ppl":
+        return f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 1e4 else f"{v:,.0f}"
+    return f"{v:.4f}" if kind == "loss" else f"{v:.2f}x" if kind == "ratio" else f"{v:.3f}"
+
+
+def md_table(header: list, rows: list, left: tuple = (0,)) -> str:
+    """A Markdown table; columns other than ``left`` (indices) are right-aligned (numbers)."""
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    rule = ["---" if i in left or i - len(header) in left else "---:" for i in range(len(header))]
+    return "\n".join([line(header), line(rule), *map(line, rows)])
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def compare(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
+    """Write every output to ``out``; return the Markdown and the paths written."""
+    from leviathan_pretrain.evaluation import plots
+
+    base, metrics = runs[base_i], [run_metrics(r) for r in runs]
+    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS))
+    buckets = [k for k in extra if k.startswith("ppl[")]
+    keys = [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:]]
+    # tokens to reach the baseline's final validation loss: the last point of its validation curve
+    curves = [r.curve(r.valid) for r in runs]
+    target = curves[base_i][-1][1] if curves[base_i] else None
+    reach = [tokens_to_reach(c, target) if target is not None else None for c in curves]
+
+    csv_rows, main_rows, freq_rows, reach_rows = [], [], [], []
+    for i, (r, m, curve) in enumerate(zip(runs, metrics, curves)):
+        name = f"{r.name} (baseline)" if i == base_i else r.name
+        row = {"run": r.name, "baseline": i == base_i, "variant": r.variant, "path": str(r.path or "")}
+        row.update(report=str(r.report_path or ""), report_step=(r.report or {}).get("step", ""))
+        cells = {}
+        for k in keys:
+            change = None if i == base_i else relative(m.get(k), metrics[base_i].get(k))
+            row[k], row[f"{k}_vs_baseline_pct"] = "" if m.get(k) is None else m[k], "" if change is None else change
+            cells[k] = fmt(m.get(k), COLUMNS.get(k, ("", "ppl"))[1]) + ("" if change is None else f" ({change:+.1f}%)")
+        ratio = reach[base_i] / reach[i] if reach[i] and reach[base_i] is not None else None
+        missing = "not reached" if curve and target is not None else ""
+        row["curve_final_val_loss"] = curve[-1][1] if curve else ""
+        row["tokens_to_baseline_loss"] = missing if reach[i] is None else reach[i]
+        row["baseline_tokens_over_run_tokens"], row["notes"] = "" if ratio is None else ratio, "; ".join(r.notes)
+        csv_rows.append(row)
+        main_rows.append([name, r.variant, *(cells[k] for k in keys if k not in buckets), row["notes"]])
+        freq_rows.append([name, *(cells[k] for k in buckets)])
+        got = fmt(reach[i], "count") if reach[i] is not None else missing or "no validation curve in tokens"
+        reach_rows.append([name, fmt(curve[-1][1] if curve else None, "loss"), got, fmt(ratio, "ratio")])
+
+    heads = [COLUMNS.get(k, (k, ""))[0] for k in keys if k not in buckets]
+    md = [
+        "# Run comparison\n",
+        f"Baseline: **{base.name}** ({why}). In parentheses: the change vs the baseline, (run - base) / base.\n",
+        md_table(["run", "variant", *heads, "notes"], main_rows, left=(0, 1, -1)),
+    ]
+    if buckets:
+        md += ["\n## Perplexity by training-frequency bucket of the target token\n"]
+        md += [md_table(["run", *(k[4:-1] for k in buckets)], freq_rows)]
+    md += ["\n## Tokens to reach the baseline's final validation loss\n"]
+    if target is None:
+        md.append(f"Not computed: the baseline {base.name} has no validation curve in tokens.")
+    else:
+        md.append(
+            f"Target: {target:.4f}, the last point of the baseline's validation curve ({base.curve_source}), first "
+            f"reached at {fmt(reach[base_i], 'count')} tokens. Ratio: baseline tokens / run tokens (> 1: fewer).\n"
+        )
+        md.append(md_table(["run", "final val loss", "tokens to reach", "baseline / run"], reach_rows))
+    md += ["\n## Reports\n", *(f"- {r.name}: {r.report_path or 'no eval report'}" for r in runs)]
+    text = "\n".join(md) + "\n"
+
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows)
+    written = [write_atomic(out / "comparison.md", text), write_atomic(out / "comparison.csv", buf.getvalue())]
+    pts = [{"name": r.name, "valid": c, "train": r.curve(r.train), "reach": x} for r, c, x in zip(runs, curves, reach)]
+    written.append(plots.loss_vs_tokens(pts, target, base.name, out / "val_loss_vs_tokens.png"))
+    series = [(r.name, [m.get(k) for k in buckets]) for r, m in zip(runs, metrics)]
+    written.append(plots.ppl_by_frequency([k[4:-1] for k in buckets], series, out / "ppl_by_frequency.png"))
+    if any(r.report and r.report.get("wikitext") for r in runs):
+        wiki = [(r.name, m.get("wikitext_token_ppl"), m.get("wikitext_word_ppl")) for r, m in zip(runs, metrics)]
+        written.append(plots.wikitext_ppl(wiki, out / "wikitext_ppl.png"))
+    return text, written
+
+
+def unique_names(runs: list) -> None:
+    """Same-named runs (two reports of one run, runs of one name elsewhere) become ``name@tag`` / ``name#k``."""
+    seen: set = set()
+    for k, r in enumerate(runs):
+        if r.name in seen and r.report:
+            r.name = f"{r.name}@{r.report.get('tag') or r.report['step']}"
+        r.name = f"{r.name}#{k + 1}" if r.name in seen else r.name
+        seen.add(r.name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.compare",
+        description=__doc__.split("\n\n")[0],
+        epilog="Outputs and how each number is computed: docs/compare.md",
+    )
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="run directory (train.out_dir) or evaluation report file")
+    ap.add_argument("--baseline", metavar="RUN", help="the run the others are compared with (path or name); "
+                    "default: the first run whose variant is tied, else the first run")  # fmt: skip
+    ap.add_argument("--out", metavar="DIR", help="output directory (default: compare-<timestamp>/ here)")
+    args = ap.parse_args(argv)
+    try:
+        runs = [load_run(a) for a in args.runs]
+        base_i, why = pick_baseline(runs, args.baseline)
+        unique_names(runs)
+        out = Path(args.out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+        if out.exists() and not out.is_dir():
+            raise CompareError(f"{out}: exists and is not a directory")
+        text, written = compare(runs, base_i, why, out)
+    except (CompareError, OSError) as e:  # OSError: the outputs cannot be written (it names the path)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
