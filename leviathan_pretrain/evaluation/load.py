@@ -180,8 +180,9 @@ def _zero3_state(tag_dir: Path, tp_rank: int) -> dict:
         for f in files:
             os.symlink(f.resolve(), tmp / "t" / f.name)
         (tmp / "latest").write_text("t")
-        with _weights_only(), contextlib.redirect_stdout(open(os.devnull, "w")):
-            return get_fp32_state_dict_from_zero_checkpoint(str(tmp), tag="t")
+        with open(os.devnull, "w") as quiet, _weights_only(), contextlib.redirect_stdout(quiet):
+            with contextlib.redirect_stderr(quiet):  # its progress bars
+                return get_fp32_state_dict_from_zero_checkpoint(str(tmp), tag="t")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

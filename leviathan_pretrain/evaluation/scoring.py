@@ -98,13 +98,13 @@ def score_streams(
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for j, w in enumerate(batch):
             ids[j, : w.end - w.start] = arrays[w.stream][w.start : w.end]
-        logp = torch.log_softmax(logits_for(model, ids.to(device), vocab_size), dim=-1).cpu()
+        logp = torch.log_softmax(logits_for(model, ids.to(device), vocab_size), dim=-1)  # stays on the device
         for j, w in enumerate(batch):
             length = w.end - w.start
             tgt = arrays[w.stream][w.end - w.new + 1 : w.end + 1]
             rows = logp[j, length - w.new : length]
-            nll = -rows.gather(1, tgt[:, None])[:, 0].double().numpy()
-            hit = (rows.argmax(dim=-1) == tgt).numpy()
+            nll = -rows.gather(1, tgt[:, None].to(rows.device))[:, 0].double().cpu().numpy()
+            hit = (rows.argmax(dim=-1).cpu() == tgt).numpy()
             sl = slice(w.end - w.new, w.end)  # target t is at index t - 1
             out[w.stream].loss[sl] = nll
             out[w.stream].correct[sl] = hit

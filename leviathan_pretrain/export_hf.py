@@ -1,0 +1,252 @@
+"""Export a trained run as a Hugging Face ``LlamaForCausalLM`` directory: ``python -m leviathan_pretrain.export_hf``.
+
+``python -m leviathan_pretrain.export_hf --run RUN --out DIR [--step N] [--checkpoint-dir D] [--tokenizer T]
+[--dtype bf16|fp32|fp16] [--overwrite]`` loads the checkpoint with :func:`~.evaluation.load.load_trained` (TP /
+PP shards merged, ZeRO-3 partitions gathered) and writes into ``DIR``:
+
+- ``config.json`` (``LlamaConfig``), ``generation_config.json``, ``model.safetensors``;
+- the tokenizer: ``tokenizer.model`` (the run's SentencePiece model, copied), ``tokenizer.json`` and
+  ``tokenizer_config.json`` (transformers' ``LlamaTokenizer``: no BOS/EOS added, no dummy prefix: it encodes
+  text to exactly the ids of ``SentencePieceProcessor.encode``; checked on probe texts before writing);
+- ``leviathan_export.json``: where it came from (run, tag, step, variant, tokenizer sha256, dtype).
+
+Every input variant exports as a plain Llama: TIED / UNTIED tables are copied, the input layer of LEV, ALBERT
+and the MLP ablations is a function of the token id alone and is materialised into the dense ``[V, D]``
+``embed_tokens`` table (``UniqueIdInput.materialize``). The padded vocabulary rows (``make_vocab_size_divisible_by``)
+are dropped: HF ``vocab_size`` is ``model.vocab_size``. megatron-core's fused tensors are split: ``linear_qkv``
+(interleaved per query group: ``[q heads of the group; k; v]``) into ``q_proj`` / ``k_proj`` / ``v_proj``,
+``linear_fc1`` (``[gate; up]``) into ``gate_proj`` / ``up_proj``. docs/export.md has the whole table.
+
+The directory is written beside ``DIR`` and renamed into place. An existing non-empty ``DIR`` is refused unless
+``--overwrite``, and even then only a directory holding our ``leviathan_export.json`` is replaced. Bad input
+prints one ``error: ...`` line naming the file and exits 2. Nothing is downloaded (``local_files_only``).
+
+The conversion itself (and :func:`~.evaluation.hf_convert.greedy_decode`, the reference for HF ``generate()``)
+is in :mod:`leviathan_pretrain.evaluation.hf_convert`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "leviathan_export.json"
+FORMAT = "leviathan-hf-export"
+DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # --dtype -> torch / HF name
+
+
+# ---------------------------------------------------------------- the output directory
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that is a file, a link, or a non-empty directory that is not our export (or is, without
+    ``overwrite``)."""
+    from leviathan_pretrain.evaluation.hf_convert import ExportError
+
+    if out.is_symlink():
+        raise ExportError(f"{out}: is a symbolic link; give the real directory")
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise ExportError(f"{out.parent}: no such directory (the parent of --out)")
+        return
+    if not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ExportError(f"{out}: exists and is not empty; give --overwrite to replace an earlier export")
+    try:
+        mark = json.loads((out / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        mark = None
+    if not isinstance(mark, dict) or mark.get("format") != FORMAT:
+        raise ExportError(f"{out}: not an export of ours (no {MARKER}); refusing to replace it, --overwrite or not")
+
+
+def move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    check_out(out, overwrite)  # again: it may have changed while the model was converted
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- export
+
+
+@dataclass
+class Exported:
+    out: Path
+    files: list[str]
+    parameters: int
+    dtype: str
+    variant: str
+    tag: str
+    step: int
+    seconds: float
+
+
+def export(
+    run_dir,
+    out,
+    step: int | None = None,
+    checkpoint_dir=None,
+    tokenizer=None,
+    dtype: str = "bf16",
+    overwrite: bool = False,
+) -> Exported:
+    """Write the HF export of a run's checkpoint to ``out`` (see the module doc); inside ``eval_world``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    from data_prep.fileio import sha256_file
+    from leviathan_pretrain.evaluation.hf_convert import (
+        ExportError,
+        check_llama_layout,
+        llama_config,
+        llama_state_dict,
+        sentencepiece_ids,
+        write_tokenizer,
+    )
+    from leviathan_pretrain.evaluation.load import load_trained
+
+    t0 = time.time()
+    if dtype not in DTYPE_NAMES:
+        raise ExportError(f"--dtype {dtype}: choose one of {', '.join(DTYPE_NAMES)}")
+    out = Path(out).absolute()
+    check_out(out, overwrite)
+    trained = load_trained(run_dir, step=step, checkpoint_dir=checkpoint_dir, tokenizer=tokenizer)
+    if trained.tokenizer is None:
+        where = tokenizer or trained.cfg.data.tokenizer or "(none recorded)"
+        raise ExportError(f"{where}: the run's tokenizer.model is not found; give --tokenizer")
+    ids = sentencepiece_ids(trained.tokenizer)
+    if ids["sp"].vocab_size() != trained.vocab_size:
+        raise ExportError(
+            f"{trained.tokenizer}: {ids['sp'].vocab_size()} pieces, the model has vocab_size {trained.vocab_size}"
+        )
+    config = llama_config(trained.cfg, ids, DTYPE_NAMES[dtype])
+    state = llama_state_dict(trained.model, trained.cfg)
+    del trained.model
+    check_llama_layout(config, state)
+    state = {k: v.to(getattr(torch, DTYPE_NAMES[dtype])) for k, v in state.items()}
+    bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ExportError(f"{bad[0]}: not finite in {dtype} (overflow?); export with --dtype bf16 or fp32")
+    parameters = sum(v.numel() for v in state.values())
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _public(tmp, 0o777)  # mkdtemp makes it private; the export is an ordinary directory
+        config.save_pretrained(str(tmp))
+        conf = json.loads((tmp / "config.json").read_text())  # older readers: rope_theta, torch_dtype
+        conf.update(rope_theta=float(trained.cfg.model.rotary_base), torch_dtype=DTYPE_NAMES[dtype])
+        (tmp / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+        pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
+        GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=pad).save_pretrained(str(tmp))
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_tokenizer(trained.tokenizer, tmp, ids["sp"])
+        marker = {
+            "format": FORMAT,
+            "version": 1,
+            "source_run": str(Path(run_dir).absolute()),
+            "checkpoint_dir": str(trained.ckpt_dir.absolute()),
+            "tag": trained.tag,
+            "step": trained.step,
+            "variant": trained.variant,
+            "vocab_size": trained.vocab_size,
+            "tokenizer": str(Path(trained.tokenizer).absolute()),
+            "tokenizer_sha256": sha256_file(trained.tokenizer),
+            "dtype": dtype,
+            "parameters": parameters,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        files = sorted(p.name for p in tmp.iterdir())
+        for f in files:
+            _public(tmp / f, 0o666)
+        move_into_place(tmp, out, overwrite)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Exported(out, files, parameters, dtype, trained.variant, trained.tag, trained.step, time.time() - t0)
+
+
+def _public(path: Path, mode: int) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
+def _size(path: Path) -> str:
+    n = path.stat().st_size
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m leviathan_pretrain.export_hf",
+        description="Export a trained run's checkpoint as a Hugging Face LlamaForCausalLM directory "
+        "(config.json, model.safetensors, tokenizer); see docs/export.md.",
+    )
+    ap.add_argument("--run", required=True, metavar="RUN_DIR", help="the training run directory (train.out_dir)")
+    ap.add_argument(
+        "--step", type=int, default=None, metavar="N", help="export global_step<N> (default: the latest checkpoint)"
+    )
+    ap.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="checkpoints here, not RUN_DIR/checkpoints")
+    ap.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.model (default: the run's)")
+    ap.add_argument("--out", required=True, metavar="DIR", help="the export directory to create")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_NAMES), help="weight dtype (default bf16)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR (only one of ours)")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the export runs on the CPU; set before DeepSpeed loads
+    os.environ.setdefault("TQDM_DISABLE", "1")  # DeepSpeed's zero_to_fp32 progress bars (ZeRO-3 checkpoints)
+
+    from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location, eval_world, select_tag
+
+    try:
+        check_out(Path(args.out).absolute(), args.overwrite)  # answer bad input before megatron-core loads
+        select_tag(checkpoint_location(args.run, args.checkpoint_dir), args.step)
+        with eval_world("cpu"):
+            done = export(
+                args.run, args.out, args.step, args.checkpoint_dir, args.tokenizer, args.dtype, args.overwrite
+            )
+    except EvalError as e:  # hf_convert.ExportError included
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
+    files = ", ".join(f"{f} ({_size(done.out / f)})" if f == "model.safetensors" else f for f in done.files)
+    print(
+        f"exported {done.variant} {done.tag} (step {done.step}) of {args.run} as LlamaForCausalLM to {done.out}\n"
+        f"  {done.parameters:,} parameters ({done.parameters / 1e6:.2f}M), dtype {DTYPE_NAMES[done.dtype]}\n"
+        f"  files: {files}\n"
+        f"  load: AutoModelForCausalLM.from_pretrained({str(done.out)!r}); AutoTokenizer.from_pretrained(same)\n"
+        f"  done in {done.seconds:.1f} s",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
