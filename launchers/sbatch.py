@@ -288,10 +288,11 @@ def train_script(
     return "\n".join(lines)
 
 
-def prep_script(res: Resources, launch: Launch, tokenize_args: list[str], output: str) -> str:
-    """The sbatch script of a preprocessing job: ``data_prep.tokenize --mpi`` on every task (one merged output)."""
+def step_script(res: Resources, launch: Launch, module_args: list[str], output: str, what: str, mpi: bool) -> str:
+    """The sbatch script of a one-command job: ``python -m MODULE ARGS`` on every task (``mpi``: an MPI job
+    through ``srun --mpi=pmix``). ``what`` names the job in its log lines."""
     check_path(output, "the log path")
-    cmd = [q(launch.python), "-m", "data_prep.tokenize", "--mpi", *(q(a) for a in tokenize_args)]
+    cmd = [q(launch.python), "-m", *(q(a) for a in module_args)]
     lines = [
         "#!/bin/bash",
         f"# Written by `python -m launchers.slurm pipeline` at {datetime.now(timezone.utc):%FT%TZ}.",
@@ -303,13 +304,27 @@ def prep_script(res: Resources, launch: Launch, tokenize_args: list[str], output
     ]
     if launch.prologue:
         lines += ["# --prologue (as given)", launch.prologue.rstrip("\n")]
+    mpi_opt = " --mpi=pmix" if mpi else ""
     lines += [
-        'echo "[launch] $(date -u +%FT%TZ) preprocessing job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s)"',
+        f'echo "[launch] $(date -u +%FT%TZ) {what} job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s)"',
         f"NODE_CMD=({' '.join(cmd)})",
-        f'srun --mpi=pmix --nodes={res.nodes} --ntasks-per-node={res.ranks_per_node} "${{NODE_CMD[@]}}"',
+        f'srun{mpi_opt} --nodes={res.nodes} --ntasks-per-node={res.ranks_per_node} "${{NODE_CMD[@]}}"',
         "rc=$?",
-        'echo "[launch] $(date -u +%FT%TZ) preprocessing exited with code $rc"',
+        f'echo "[launch] $(date -u +%FT%TZ) {what} exited with code $rc"',
         'exit "$rc"',
         "",
     ]
     return "\n".join(lines)
+
+
+def prep_script(res: Resources, launch: Launch, tokenize_args: list[str], output: str) -> str:
+    """The sbatch script of a preprocessing job: ``data_prep.tokenize --mpi`` on every task (one merged output)."""
+    return step_script(res, launch, ["data_prep.tokenize", "--mpi", *tokenize_args], output, "preprocessing", True)
+
+
+def eval_script(res: Resources, launch: Launch, run_dir: str, eval_args: list[str], output: str) -> str:
+    """The sbatch script of an evaluation job: ``leviathan_pretrain.evaluate --run RUN_DIR ARGS`` (one task; more
+    tasks evaluate data-parallel)."""
+    check_path(run_dir, "the run directory")
+    args = ["leviathan_pretrain.evaluate", "--run", run_dir, *eval_args]
+    return step_script(res, launch, args, output, "evaluation", False)

@@ -355,42 +355,91 @@ def cmd_sweep(ns) -> int:
     return 0
 
 
-def cmd_pipeline(ns) -> int:
-    run_dir = run_dir_of(ns)
+def _split(opt: str, text: str) -> list[str]:
     try:
-        prep_args = shlex.split(ns.prep)
+        return shlex.split(text)
     except ValueError as e:
-        raise Refused(f"--prep: cannot split {ns.prep!r} into arguments ({e})") from None
-    if "--output-prefix" not in prep_args:
-        raise Refused("--prep: give data_prep.tokenize's arguments, including --output-prefix")
-    prep_res = Resources(
-        nodes=ns.prep_nodes,
-        gpus_per_node=0,
-        tasks_per_node=ns.prep_tasks_per_node,
-        cpus_per_rank=ns.prep_cpus,
-        partition=ns.prep_partition or ns.partition,
+        raise Refused(f"{opt}: cannot split {text!r} into arguments ({e})") from None
+
+
+def _stage(ns, run_dir: Path, kind: str, launch: Launch) -> tuple[Resources, str, str]:
+    """``(resources, log pattern, script)`` of the pipeline's preprocessing or evaluation job."""
+    stem = Path(ns.config).stem
+    if kind == "prep":
+        args = _split("--prep", ns.prep)
+        if "--output-prefix" not in args:
+            raise Refused("--prep: give data_prep.tokenize's arguments, including --output-prefix")
+        res = Resources(
+            nodes=ns.prep_nodes,
+            gpus_per_node=0,
+            tasks_per_node=ns.prep_tasks_per_node,
+            cpus_per_rank=ns.prep_cpus,
+            partition=ns.prep_partition or ns.partition,
+            account=ns.account,
+            time=ns.prep_time,
+            qos=ns.qos,
+            job_name=f"lev-prep-{stem}",
+            sbatch_args=ns.sbatch_arg,
+        )
+        log = sbatch.log_pattern(run_dir, res.job_name)
+        return res, log, sbatch.prep_script(res, launch, args, log)
+    args = _split("--eval", ns.eval)
+    if any(a == "--run" or a.startswith("--run=") for a in args):
+        raise Refused("--eval: the run directory is the pipeline's own; leave out --run")
+    gpus = 1 if ns.gpus_per_node else 0
+    res = Resources(
+        nodes=1,
+        gpus_per_node=gpus,
+        tasks_per_node=1,
+        cpus_per_rank=ns.eval_cpus or (8 if gpus else 2),
+        partition=ns.partition,
         account=ns.account,
-        time=ns.prep_time,
+        time=ns.eval_time,
         qos=ns.qos,
-        job_name=f"lev-prep-{Path(ns.config).stem}",
+        constraint=ns.constraint,
+        job_name=f"lev-eval-{stem}",
         sbatch_args=ns.sbatch_arg,
     )
+    log = sbatch.log_pattern(run_dir, res.job_name)
+    return res, log, sbatch.eval_script(res, launch, str(run_dir), args, log)
+
+
+def cmd_pipeline(ns) -> int:
+    """[preprocessing ->] training [-> evaluation], each stage ``--dependency=afterok`` on the one before."""
+    if ns.prep is None and ns.eval is None:
+        raise Refused("pipeline: give --prep and/or --eval (training alone is `submit`)")
+    run_dir = run_dir_of(ns)
     launch = launch_of(ns)
-    prep_launch = Launch(launch="srun", python=launch.python, workdir=launch.workdir, prologue=launch.prologue)
-    prep_log = sbatch.log_pattern(run_dir, prep_res.job_name)
-    prep_text = sbatch.prep_script(prep_res, prep_launch, prep_args, prep_log)
+    step_launch = Launch(launch="srun", python=launch.python, workdir=launch.workdir, prologue=launch.prologue)
+    prep = _stage(ns, run_dir, "prep", step_launch) if ns.prep else None
+    evaluation = _stage(ns, run_dir, "eval", step_launch) if ns.eval is not None else None
     if ns.dry_run:
-        print(prep_text)
-        submit_train(ns, ns.config, run_dir, need_data=False)
+        if prep:
+            print(prep[2])
+        submit_train(ns, ns.config, run_dir, need_data=not prep)
+        if evaluation:
+            print(evaluation[2])
         return 0
     need_sbatch()
-    prepared(ns, ns.config, run_dir, resources(ns, "x"), need_data=False)  # refuse a bad train job before prep
+    prepared(ns, ns.config, run_dir, resources(ns, "x"), need_data=not prep)  # refuse before anything is queued
     (run_dir / records.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    prep_path = write_script(job_dir(run_dir)[0], prep_text)
-    prep_job = run_sbatch(prep_path)
-    record(run_dir, prep_job, "prep", prep_path, None, sbatch.log_file(prep_log, prep_job), prep_launch)
-    print(f"submitted preprocessing job {prep_job}\n  log: {prep_log.replace('%j', prep_job)}")
-    submit_train(ns, ns.config, run_dir, dependency=prep_job, need_data=False)
+    dependency = None
+    if prep:
+        path = write_script(job_dir(run_dir)[0], prep[2])
+        dependency = run_sbatch(path)
+        record(run_dir, dependency, "prep", path, None, sbatch.log_file(prep[1], dependency), step_launch)
+        print(f"submitted preprocessing job {dependency}\n  log: {sbatch.log_file(prep[1], dependency)}")
+    train_job = submit_train(ns, ns.config, run_dir, dependency=dependency, need_data=not prep)
+    if evaluation:
+        path = write_script(job_dir(run_dir)[0], evaluation[2])
+        job = run_sbatch(path, train_job)
+        config = records.read_records(run_dir)[-1].get("config")  # the training job's resolved config
+        record(run_dir, job, "eval", path, Path(config) if config else None, sbatch.log_file(evaluation[1], job),
+               step_launch)  # fmt: skip
+        print(
+            f"submitted evaluation job {job} (after training job {train_job} succeeds)\n"
+            f"  log: {sbatch.log_file(evaluation[1], job)}\n  report: {run_dir / 'eval'}/<tag>.json"
+        )
     return 0
 
 
@@ -428,14 +477,22 @@ def parser() -> argparse.ArgumentParser:
         "pipeline",
         help="preprocessing then training (afterok)",
         formatter_class=fmt,
-        description="Submit data_prep.tokenize --mpi as an MPI job, then training after it succeeds.",
+        description="Submit [data_prep.tokenize --mpi as an MPI job ->] training [-> leviathan_pretrain.evaluate], "
+        "each job starting only after the one before it succeeded (--dependency=afterok).",
     )
-    p.add_argument("--prep", required=True, help="data_prep.tokenize arguments, one string (shell quoting)")
+    p.add_argument("--prep", help="data_prep.tokenize arguments, one string (shell quoting); --mpi is added")
     p.add_argument("--prep-nodes", type=int, default=1, help="nodes of the preprocessing job (1)")
     p.add_argument("--prep-tasks-per-node", type=int, default=1, help="MPI ranks per node (1)")
     p.add_argument("--prep-cpus", type=int, default=8, help="CPU cores per MPI rank (8; use --workers to match)")
     p.add_argument("--prep-time", help="time limit of the preprocessing job")
     p.add_argument("--prep-partition", help="partition of the preprocessing job (default: --partition)")
+    p.add_argument(
+        "--eval",
+        help="leviathan_pretrain.evaluate arguments, one string, for an evaluation job after training succeeds "
+        "(e.g. \"--wikitext data/wiki.test.raw\"; '' for the defaults)",
+    )
+    p.add_argument("--eval-time", help="time limit of the evaluation job")
+    p.add_argument("--eval-cpus", type=int, help="CPU cores of the evaluation job (8 with a GPU, else 2)")
     add_config(p)
     p.add_argument("--run-dir", help="run directory (default: the config's train.out_dir)")
     add_job_options(p)

@@ -5,7 +5,10 @@
    already done are reused).
 2. Trains the ``tiny-cpu`` LEV model on 2 local processes with tensor parallelism 2
    (``launchers/local.py``), with periodic validation and checkpoints, for a few minutes.
-3. Prints where the checkpoints and TensorBoard logs are.
+3. Evaluates the trained checkpoint (``python -m leviathan_pretrain.evaluate``: validation perplexity, perplexity
+   by training frequency, and zero-shot WikiText-103 word perplexity when ``--wikitext`` names the raw test
+   file) and exports it as a Hugging Face Llama model (``python -m leviathan_pretrain.export_hf``).
+4. Prints where the checkpoints, TensorBoard logs, evaluation report and export are.
 
 Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--fresh``
 starts the training over. Exit code: the trainer's (0 done; 75 stopped early with a checkpoint: re-run).
@@ -24,6 +27,7 @@ from data_prep.demo import run_demo
 from leviathan_pretrain.config import tokenizer_vocab_size
 
 REPO = Path(__file__).resolve().parents[1]
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"  # where this project's machines keep it
 DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --fresh deletes)
 
 
@@ -44,6 +48,13 @@ def main(argv=None) -> int:
         action="store_true",
         help="delete the previous demo training run first (only a directory the demo created)",
     )
+    ap.add_argument(
+        "--wikitext",
+        default=str(WIKITEXT) if WIKITEXT.is_file() else None,
+        help="WikiText-103 raw test file for the zero-shot evaluation (default: ../shared/data/wikitext-103-test.raw "
+        "when it exists; else skipped)",
+    )
+    ap.add_argument("--no-eval", action="store_true", help="stop after training (no evaluation, no export)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -137,7 +148,33 @@ def main(argv=None) -> int:
         print("[demo] training stopped early with a checkpoint; run the demo again to continue")
     elif rc != 0:
         print(f"[demo] error: training failed (exit {rc})", file=sys.stderr)
-    return rc
+    if rc != 0 or args.no_eval:
+        return rc
+    return evaluate_and_export(run_dir, out / "hf", args.wikitext)
+
+
+def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> int:
+    """Steps 3-4: the user's commands, as subprocesses."""
+    cmd = [sys.executable, "-m", "leviathan_pretrain.evaluate", "--run", str(run_dir)]
+    cmd += ["--wikitext", wikitext] if wikitext else []
+    print(f"[demo] evaluating: {' '.join(cmd[1:])}", flush=True)
+    rc = subprocess.call(cmd, cwd=REPO)
+    if rc != 0:
+        print(f"[demo] error: evaluation failed (exit {rc})", file=sys.stderr)
+        return rc
+    if not wikitext:
+        print("[demo] (no WikiText file: give --wikitext PATH/wiki.test.raw for the zero-shot word perplexity)")
+    cmd = [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", str(run_dir), "--out", str(hf_dir)]
+    cmd += ["--overwrite"] if (hf_dir / "leviathan_export.json").is_file() else []  # only our own earlier export
+    print(f"[demo] exporting: {' '.join(cmd[1:])}", flush=True)
+    rc = subprocess.call(cmd, cwd=REPO)
+    if rc != 0:
+        print(f"[demo] error: export failed (exit {rc})", file=sys.stderr)
+        return rc
+    tag = (run_dir / "checkpoints" / "latest").read_text().strip()
+    print(f"[demo] evaluation report: {run_dir / 'eval' / (tag + '.json')} (eval/ scalars in TensorBoard too)")
+    print(f"[demo] Hugging Face model: {hf_dir}  (transformers: LlamaForCausalLM.from_pretrained({str(hf_dir)!r}))")
+    return 0
 
 
 if __name__ == "__main__":

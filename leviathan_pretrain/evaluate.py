@@ -211,6 +211,10 @@ def evaluate(ns, world: tuple[int, int], device) -> dict:
 
 def main(argv=None) -> int:
     ns = parser().parse_args(argv)
+    import warnings
+
+    # megatron-core's notices on machines without Transformer Engine / Apex (every CPU): expected, not news
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     from leviathan_pretrain.evaluation.load import EvalError, eval_world
 
     try:

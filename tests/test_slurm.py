@@ -134,6 +134,8 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
         "2",
         "--prep-cpus",
         "1",
+        "--eval",
+        "--max-tokens 3000 --context 64",
         "--config",
         lev,
         *CPU2,
@@ -146,8 +148,9 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
         f"data.prefixes=[{prefix}]",
         f"data.tokenizer={tokenizer_model}",
     )
-    out["prep"], out["chain"] = re.findall(r"submitted (?:preprocessing )?job (\d+)", p.stdout) or (None, None)
-    assert out["chain"], f"{p.stdout}\n{p.stderr}"
+    ids = re.findall(r"submitted (?:preprocessing |evaluation )?job (\d+)", p.stdout)
+    assert len(ids) == 3, f"{p.stdout}\n{p.stderr}"
+    out["prep"], out["chain"], out["eval"] = ids
     nasty_dir = root / "nasty" / NASTY
     out["nasty_dir"] = nasty_dir
     out["nasty"] = submitted(
@@ -177,7 +180,7 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
         assert time.monotonic() < deadline, "the torchrun job did not reach step 10"
         time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", out["torchrun"]], check=True, timeout=30)
-    out["info"] = wait_jobs([out[k] for k in ("srun", "torchrun", "sweep", "prep", "chain", "nasty")])
+    out["info"] = wait_jobs([out[k] for k in ("srun", "torchrun", "sweep", "prep", "chain", "eval", "nasty")])
     out["sweep_info"] = wait_jobs([f"{out['sweep']}_0", f"{out['sweep']}_1"])
     return out
 
@@ -259,6 +262,10 @@ def test_sweep_array_and_prep_train_chain(jobs):
     assert prep["JobState"] == "COMPLETED" and chain["JobState"] == "COMPLETED", (prep, chain)
     assert chain["StartTime"] >= prep["EndTime"], (prep["EndTime"], chain["StartTime"])
     assert (root / "chain" / "data" / "val.idx").is_file() and sorted(losses(root / "chain")) == list(range(1, 7))
+    ev = jobs["info"][jobs["eval"]]
+    assert ev["JobState"] == "COMPLETED" and ev["StartTime"] >= chain["EndTime"], (ev, log_text(root / "chain")[-3000:])
+    report = json.loads((root / "chain" / "eval" / "global_step6.json").read_text())
+    assert report["heldout"][0]["name"] == "val:valid" and report["heldout"][0]["tokens"] > 0  # the split's docs
     status = slurm("status", root / "sweep")
     assert status.returncode == 0 and "tiny-cpu-tied" in status.stdout, status.stdout + status.stderr
 
