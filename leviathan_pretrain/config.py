@@ -269,6 +269,7 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.1  # never on norms and biases
     decay_lev_codebooks: bool = False  # weight decay on LEV's digit codebooks C
+    lev_lr_mult: float = 1.0  # LEV's own parameters (codebooks, projections, splines, heads) train at lr x this
     clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
     loss_scale: float = 0.0  # fp16 only: 0 = dynamic loss scaling, else a static scale
     initial_loss_scale_power: int = 16  # fp16 dynamic scaling starts at 2**this
@@ -286,6 +287,7 @@ class OptimConfig:
         require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"{prefix}.beta1", "beta1 and beta2 must be in [0, 1)")
         require(self.eps > 0, f"{prefix}.eps", "must be > 0")
         require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0")
+        require(self.lev_lr_mult > 0, f"{prefix}.lev_lr_mult", "must be > 0")
         require(self.clip_grad >= 0, f"{prefix}.clip_grad", "must be >= 0 (0 disables clipping)")
         require(self.loss_scale >= 0, f"{prefix}.loss_scale", "must be >= 0 (0 = dynamic)")
 
@@ -383,6 +385,12 @@ class Config:
                 f"tensor_parallel={tp} does not divide model.lev.heads={m.lev.heads}",
             )
         m.validate_with(p, self.data)
+        require(
+            self.optim.lev_lr_mult == 1.0 or m.variant == "lev",
+            "optim.lev_lr_mult",
+            f"{self.optim.lev_lr_mult} scales the LR of LEV's parameters, but model.variant={m.variant} has none; "
+            "leave it at 1.0",
+        )
         require(
             m.num_layers % p.pipeline_parallel == 0 or m.num_layers >= p.pipeline_parallel,
             "parallel.pipeline_parallel",

@@ -62,6 +62,9 @@ def build_optimizer(module: torch.nn.Module, cfg: Config, own_clipping: bool):
     # tests then cover exactly the code a GPU run uses.
     kw = dict(lr=lr_at(0, o, cfg.train.steps), betas=(o.beta1, o.beta2), eps=o.eps, foreach=False)
     groups = param_groups(module, cfg)
+    for g in groups:
+        if "lr_mult" in g:
+            g["lr"] = kw["lr"] * g["lr_mult"]
     if own_clipping:
         return AdamWSkipNonFinite(groups, clip_grad=o.clip_grad, **kw)
     return torch.optim.AdamW(groups, **kw)
@@ -75,7 +78,7 @@ class TrainEngine:
 
     def set_lr(self, lr: float) -> None:
         for g in self.ds.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_mult", 1.0)  # optim.lev_lr_mult on LEV's own parameters
 
     def grad_norm(self) -> float | None:
         n = self.ds.get_global_grad_norm()

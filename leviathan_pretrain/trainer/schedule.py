@@ -33,7 +33,18 @@ def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
 
 
 def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
-    """The model's own grouping (norms, biases, LEV codebooks unless ``optim.decay_lev_codebooks``)."""
+    """The model's own grouping (norms, biases, LEV codebooks unless ``optim.decay_lev_codebooks``); with
+    ``optim.lev_lr_mult`` != 1 each group is split into LEV's parameters, carrying ``lr_mult``, and the rest
+    (:meth:`~.engine.TrainEngine.set_lr` applies it)."""
+    from leviathan_pretrain.model.lev import LEVInput
 
     groups = weight_decay_groups(module, cfg.optim.weight_decay, cfg.optim.decay_lev_codebooks)
+    mult = cfg.optim.lev_lr_mult
+    if mult != 1.0:
+        lev = {id(p) for m in module.modules() if isinstance(m, LEVInput) for p in m.parameters()}
+        split = []
+        for g in groups:
+            split.append({**g, "params": [p for p in g["params"] if id(p) not in lev]})
+            split.append({**g, "params": [p for p in g["params"] if id(p) in lev], "lr_mult": mult})
+        groups = split
     return [g for g in groups if g["params"]]
