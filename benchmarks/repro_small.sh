@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# The small-scale reproduction of the paper's comparison (docs/results-small.md), with the project's own commands:
+#
+#   bash benchmarks/repro_small.sh [--out DIR] [--launcher auto|slurm|local] [--corpus DIR] [--wikitext FILE]
+#                                  [--runs "NAME ..."] [--dry]
+#
+# 1. corpus: python -m data_prep.make_corpus (Github / PythonDocs / Dictionary in the Pile's jsonl format; byte-
+#    identical to shared/tools/make-minipile), or --corpus DIR (an existing make_corpus output);
+# 2. a 16k SentencePiece BPE tokenizer (data_prep.train_tokenizer), shards per source (--split-by-set, blended by
+#    size in training) and the validation split (data_prep.tokenize);
+# 3. the runs (RUNS below: six variants on one body, two second seeds, and the three follow-up questions), each on
+#    2 CPU ranks (DP=2): through `python -m launchers.slurm sweep`/`submit` when a SLURM cluster answers (sinfo)
+#    and --launcher is not local, else through launchers/local.py;
+# 4. python -m leviathan_pretrain.evaluate on each run (validation ppl, frequency buckets, WikiText-103 zero-shot),
+# 5. python -m leviathan_pretrain.compare over all runs (TIED the baseline) into OUT/compare/.
+#
+# Resumable: a finished run (checkpoint at its last step) is not trained again, an interrupted one resumes from its
+# last checkpoint (the trainer's own resume), an existing report is not recomputed; so the study can be carried
+# across work periods by running the same command. Wall times per phase are appended to OUT/timings.tsv.
+# --dry: two steps per run, a small evaluation, into OUT (default runs/repro-small-dry): the pipeline end to end in
+# minutes (tests/test_repro_small.py runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+OUT="" LAUNCHER=auto CORPUS="" DRY=0 ONLY=""
+WIKITEXT="$REPO/../shared/data/wikitext-103-test.raw"
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --launcher) LAUNCHER="$2"; shift 2 ;;
+    --corpus) CORPUS="$2"; shift 2 ;;
+    --wikitext) WIKITEXT="$2"; shift 2 ;;
+    --runs) ONLY="$2"; shift 2 ;;
+    --dry) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$LAUNCHER" in auto|slurm|local) ;; *) echo "error: --launcher: auto, slurm or local, got $LAUNCHER" >&2; exit 2 ;; esac
+[ -n "$OUT" ] || { [ "$DRY" = 1 ] && OUT=runs/repro-small-dry || OUT=runs/repro-small; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+. .venv/bin/activate
+export PYTHONUNBUFFERED=1
+say() { echo "[repro] $(date -u +%FT%TZ) $*"; }
+timing() { printf '%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$1" "$2" "$3" >> "$OUT/timings.tsv"; }
+
+# ---------------------------------------------------------------- the study's settings
+STEPS=1800          # x 16 sequences x 256 tokens = 7.4M tokens per run (~13 min on 2 cores; measured in the doc)
+LONG_STEPS=5400     # the "does LEV cross TIED later" pair: 3x the tokens
+VOCAB=16000
+EVAL_TOKENS=400000  # validation tokens scored per run (whole documents)
+SAVE=200
+if [ "$DRY" = 1 ]; then STEPS=2 LONG_STEPS=2 EVAL_TOKENS=3000 SAVE=2; fi
+# the body every run shares (configs/tiny-cpu-*.yaml: hidden 256, 4 layers, 4 heads, seq 256), DP=2, one data order
+BODY=(model.vocab_size=$VOCAB train.micro_batch_size=8 train.global_batch_size=16 optim.warmup_steps=100
+      train.eval_interval=200 train.eval_iters=10 checkpoint.save_interval=$SAVE checkpoint.keep_last=2
+      logging.log_interval=50 data.seed=1234 train.seed=1234)
+[ "$DRY" = 1 ] && BODY+=(train.eval_interval=2 train.eval_iters=1 optim.warmup_steps=1 logging.log_interval=1)
+SPEC_LEV=(model.lev.seed_dim=128 model.lev.heads=8 model.lev.knots=16 model.lev.rank=64)  # lev-spec.md defaults
+# name | config | steps | extra overrides
+RUNS=(
+  "sweep/tiny-cpu-tied|tied|$STEPS|"
+  "sweep/tiny-cpu-untied|untied|$STEPS|"
+  "sweep/tiny-cpu-albert|albert|$STEPS|"
+  "sweep/tiny-cpu-lev|lev|$STEPS|"
+  "sweep/tiny-cpu-flat_mlp|flat_mlp|$STEPS|"
+  "sweep/tiny-cpu-factored_mlp|factored_mlp|$STEPS|"
+  "tied-seed2|tied|$STEPS|train.seed=1235"
+  "lev-seed2|lev|$STEPS|train.seed=1235"
+  "lev-spec|lev|$STEPS|${SPEC_LEV[*]}"
+  "lev-lr3|lev|$STEPS|optim.lev_lr_mult=3"
+  "lev-lr10|lev|$STEPS|optim.lev_lr_mult=10"
+  "tied-long|tied|$LONG_STEPS|"
+  "lev-long|lev|$LONG_STEPS|"
+)
+
+# ---------------------------------------------------------------- 1-2. data
+DATA="$OUT/data"
+mkdir -p "$DATA"
+if [ -z "$CORPUS" ]; then
+  CORPUS="$DATA/corpus"
+  if [ ! -f "$CORPUS/.data_prep-corpus.json" ]; then
+    say "corpus -> $CORPUS"; t=$SECONDS
+    python -m data_prep.make_corpus "$CORPUS"
+    timing data corpus $((SECONDS - t))
+  fi
+fi
+TOK="$DATA/tokenizer/tokenizer.model"
+if [ ! -f "$TOK" ]; then
+  say "tokenizer (BPE $VOCAB) -> $TOK"; t=$SECONDS
+  python -m data_prep.train_tokenizer --input "$CORPUS/train/*.jsonl.zst" --vocab-size $VOCAB \
+      --sample-bytes $([ "$DRY" = 1 ] && echo 2 || echo 24) --output "$DATA/tokenizer"
+  timing data tokenizer $((SECONDS - t))
+fi
+if [ ! -f "$DATA/shards/train.manifest.json" ]; then
+  say "shards per source -> $DATA/shards/train.<set>"; t=$SECONDS
+  python -m data_prep.tokenize --input "$CORPUS/train/*.jsonl.zst" --tokenizer "$TOK" \
+      --output-prefix "$DATA/shards/train" --split-by-set --workers 2
+  timing data shards $((SECONDS - t))
+fi
+if [ ! -f "$DATA/shards/val.manifest.json" ]; then
+  python -m data_prep.tokenize --input "$CORPUS/val.jsonl.zst" --tokenizer "$TOK" --output-prefix "$DATA/shards/val" \
+      --workers 2
+fi
+SETS=$(ls "$DATA"/shards/train.*.idx 2>/dev/null | sed 's/\.idx$//' | paste -sd, -)
+[ -n "$SETS" ] || { echo "error: no per-source shards under $DATA/shards" >&2; exit 1; }
+DATA_ARGS=("data.prefixes=[$SETS]" "data.valid_prefixes=[$DATA/shards/val]" "data.tokenizer=$TOK")
+say "training data: $SETS (blended by size); validation $DATA/shards/val"
+
+WIKI_ARGS=()
+if [ -f "$WIKITEXT" ]; then
+  if [ "$DRY" = 1 ]; then  # the first article only
+    awk '/^ = [^=].* = $/ && ++heads > 1 {exit} {print}' "$WIKITEXT" > "$OUT/wikitext-first-article.raw"
+    WIKITEXT="$OUT/wikitext-first-article.raw"
+  fi
+  WIKI_ARGS=(--wikitext "$WIKITEXT")
+else
+  say "no WikiText file at $WIKITEXT: zero-shot WikiText skipped (give --wikitext FILE)"
+fi
+
+# ---------------------------------------------------------------- 3. training
+selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+done_run() { [ "$(cat "$OUT/runs/$1/checkpoints/latest" 2>/dev/null)" = "global_step$2" ]; }
+use_slurm=0
+if [ "$LAUNCHER" != local ] && command -v sinfo >/dev/null && sinfo -h >/dev/null 2>&1; then use_slurm=1; fi
+if [ "$LAUNCHER" = slurm ] && [ $use_slurm = 0 ]; then echo "error: --launcher slurm: no SLURM cluster answers" >&2; exit 2; fi
+say "launcher: $([ $use_slurm = 1 ] && echo 'SLURM (python -m launchers.slurm)' || echo 'local (launchers/local.py)')"
+CPU=(--nodes 1 --gpus-per-node 0 --tasks-per-node 2 --launch srun)
+
+train_local() {  # name variant steps extra...
+  local name=$1 variant=$2 steps=$3; shift 3
+  python launchers/local.py -n 2 -- -m leviathan_pretrain.train --config "configs/tiny-cpu-$variant.yaml" \
+      "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$steps" "train.out_dir=$OUT/runs/$name" "$@"
+}
+
+JOBS=()
+submit() {  # python -m launchers.slurm ... ; remembers the job id
+  local out
+  out=$(python -m launchers.slurm "$@") || { echo "$out"; exit 1; }
+  echo "$out" | grep -E "submitted|log:" || true
+  JOBS+=("$(echo "$out" | sed -n 's/^submitted job\( array\)\? \([0-9]*\).*/\2/p' | head -1)")
+}
+
+pending=()
+for spec in "${RUNS[@]}"; do
+  IFS='|' read -r name variant steps extra <<< "$spec"
+  selected "$name" || continue
+  if done_run "$name" "$steps"; then say "$name: trained ($steps steps), skipped"; else pending+=("$spec"); fi
+done
+if [ ${#pending[@]} -gt 0 ]; then
+  t=$SECONDS
+  if [ $use_slurm = 1 ]; then
+    sweep=()
+    for spec in "${pending[@]}"; do
+      IFS='|' read -r name variant steps extra <<< "$spec"
+      # shellcheck disable=SC2086  # extra: space-separated overrides
+      if [[ $name == sweep/* ]]; then sweep+=("configs/tiny-cpu-$variant.yaml"); else
+        say "$name: submitting"
+        submit submit --config "configs/tiny-cpu-$variant.yaml" "${CPU[@]}" --run-dir "$OUT/runs/$name" \
+            --job-name "repro-$name" "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$steps" $extra
+      fi
+    done
+    if [ ${#sweep[@]} -gt 0 ]; then
+      say "the variants' sweep: ${sweep[*]}"
+      submit sweep --configs "${sweep[@]}" "${CPU[@]}" --run-dir "$OUT/runs/sweep" --job-name repro-sweep \
+          "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$STEPS"
+    fi
+    say "waiting for SLURM jobs ${JOBS[*]} (python -m launchers.slurm status $OUT/runs/sweep)"
+    while [ -n "$(squeue -h -j "$(IFS=,; echo "${JOBS[*]}")" 2>/dev/null)" ]; do sleep 5; done
+    timing train "slurm:${#pending[@]}-runs" $((SECONDS - t))
+  else
+    for spec in "${pending[@]}"; do
+      IFS='|' read -r name variant steps extra <<< "$spec"
+      say "$name: training ($variant, $steps steps${extra:+, $extra})"; t=$SECONDS
+      # shellcheck disable=SC2086
+      train_local "$name" "$variant" "$steps" $extra || { rc=$?; timing train "$name" $((SECONDS - t)); exit $rc; }
+      timing train "$name" $((SECONDS - t))
+    done
+  fi
+  for spec in "${pending[@]}"; do
+    IFS='|' read -r name variant steps extra <<< "$spec"
+    done_run "$name" "$steps" || { echo "error: $name did not finish ($OUT/runs/$name; its logs)" >&2; exit 1; }
+  done
+fi
+
+# ---------------------------------------------------------------- 4-5. evaluation and comparison
+runs=()
+for spec in "${RUNS[@]}"; do
+  IFS='|' read -r name variant steps extra <<< "$spec"
+  selected "$name" || continue
+  runs+=("$OUT/runs/$name")
+  if [ ! -f "$OUT/runs/$name/eval/global_step$steps.json" ]; then
+    say "$name: evaluating"; t=$SECONDS
+    mkdir -p "$OUT/runs/$name/eval"
+    log="$OUT/runs/$name/eval/console-global_step$steps.txt"
+    python -m leviathan_pretrain.evaluate --run "$OUT/runs/$name" --max-tokens $EVAL_TOKENS "${WIKI_ARGS[@]}" \
+        --quiet > "$log" 2>&1 || { tail -20 "$log"; echo "error: evaluation of $name failed ($log)" >&2; exit 1; }
+    timing eval "$name" $((SECONDS - t))
+  fi
+done
+say "comparing ${#runs[@]} runs -> $OUT/compare"
+BASE=()
+selected sweep/tiny-cpu-tied && BASE=(--baseline "$OUT/runs/sweep/tiny-cpu-tied")
+python -m leviathan_pretrain.compare "${runs[@]}" "${BASE[@]}" --out "$OUT/compare"
+say "done: $OUT/compare/comparison.md; wall times in $OUT/timings.tsv"
