@@ -1,0 +1,57 @@
+"""``benchmarks/repro_small.sh --dry``: the small study end to end (corpus -> tokenizer -> per-source shards -> the
+13 runs, two steps each, through ``launchers.slurm sweep``/``submit`` on the test SLURM cluster -> evaluate ->
+compare), and a second invocation that finds everything done and redoes nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+
+import pytest
+
+from tests.multiproc import REPO, base_env
+
+pytestmark = pytest.mark.multiproc
+RUNS = 13
+
+
+def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "benchmarks/repro_small.sh", "--dry", "--out", str(out), "--corpus", str(corpus)],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path):
+    out = tmp_path / "study"
+    p = repro(out, minipile_dir)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "launcher: SLURM" in p.stdout and "the variants' sweep" in p.stdout
+    rows = list(csv.DictReader(open(out / "compare" / "comparison.csv")))
+    assert len(rows) == RUNS
+    variants = sorted({r["variant"] for r in rows})
+    assert variants == ["albert", "factored_mlp", "flat_mlp", "lev", "tied", "untied"]
+    for name in ("sweep/tiny-cpu-lev", "lev-lr10", "lev-spec", "tied-long"):
+        run = out / "runs" / name
+        report = json.loads((run / "eval" / "global_step2.json").read_text())
+        assert report["heldout"][0]["tokens"] > 0 and report["frequency"]["buckets"]
+        assert (run / "slurm" / "jobs.jsonl").is_file()  # trained through the launcher
+    cfg = json.loads((out / "runs" / "lev-lr10" / "checkpoints" / "global_step2" / "leviathan.json").read_text())
+    assert cfg["config"]["optim"]["lev_lr_mult"] == 10.0
+    spec = json.loads((out / "runs" / "lev-spec" / "checkpoints" / "global_step2" / "leviathan.json").read_text())
+    assert spec["config"]["model"]["lev"]["seed_dim"] == 128 and spec["config"]["model"]["lev"]["rank"] == 64
+    prefixes = cfg["config"]["data"]["prefixes"]
+    assert sorted(p.rsplit(".", 1)[1] for p in prefixes) == ["Dictionary", "Github", "PythonDocs"]  # per source
+    for png in ("val_loss_vs_tokens.png", "ppl_by_frequency.png"):
+        assert (out / "compare" / png).stat().st_size > 1000
+    timings = (out / "timings.tsv").read_text().splitlines()
+    # resumable: the same command again trains and evaluates nothing
+    p = repro(out, minipile_dir, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("skipped") == RUNS and "evaluating" not in p.stdout
+    assert (out / "timings.tsv").read_text().splitlines() == timings
