@@ -72,7 +72,9 @@ def plain_losses(model, stream: np.ndarray, vocab: int, context: int, stride: in
     return out
 
 
-@pytest.mark.parametrize("name", ["lev-tp2", "tied-tp2", "untied-pp2", "lev-z3dp2"])
+@pytest.mark.parametrize(
+    "name", ["lev-tp2", "tied-tp2", "untied-pp2", "lev-z3dp2", "albert-tp2", "flat_mlp-tp2", "factored_mlp-tp2"]
+)
 def test_merged_model_reproduces_the_trainers_validation_loss(name, trained_run, world):
     """The checkpoint's layout (TP=2 shards, pipeline layer files, ZeRO-3 partitions) merged into one model gives
     the validation loss the trainer logged at that step, on the trainer's own validation batches."""

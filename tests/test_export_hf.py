@@ -19,7 +19,7 @@ from tests.conftest import read_jsonl_zst, run_module
 pytestmark = pytest.mark.timeout(300)
 
 CLI = "leviathan_pretrain.export_hf"
-RUNS = ["lev-tp2", "tied-tp2", "untied-pp2"]
+RUNS = ["lev-tp2", "tied-tp2", "untied-pp2", "albert-tp2", "flat_mlp-tp2", "factored_mlp-tp2"]  # every variant
 EDGE_TEXTS = [
     "Hello world",
     " leading space",

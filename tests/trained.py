@@ -4,7 +4,7 @@
 training it on first use (2 ranks, gloo) and caching it under ``$LEVIATHAN_TEST_CACHE/trained/`` keyed by
 a hash of the trainer's code and the data, so a second session reuses it. Each run has checkpoints in the
 layout its name says (``tp2``: two tensor-parallel shards; ``pp2``: pipeline layer files; ``z3dp2``: ZeRO-3
-partitions over two data-parallel ranks), a ``train_log.jsonl`` and TensorBoard events.
+partitions over two data-parallel ranks), one for every variant, a ``train_log.jsonl`` and TensorBoard events.
 
 The model: the tiny-cpu body shrunk to 2 layers of width 128 with grouped-query attention (4 heads in 2
 groups) at sequence 128, on the 8k minipile tokenizer; 30 steps of 8 x 128 tokens.
@@ -49,6 +49,9 @@ RUNS = {
     "tied-tp2": ("tied", ["parallel.tensor_parallel=2"]),
     "untied-pp2": ("untied", ["parallel.pipeline_parallel=2"]),
     "lev-z3dp2": ("lev", ["parallel.zero_stage=3"]),
+    "albert-tp2": ("albert", ["parallel.tensor_parallel=2"]),
+    "flat_mlp-tp2": ("flat_mlp", ["parallel.tensor_parallel=2"]),
+    "factored_mlp-tp2": ("factored_mlp", ["parallel.tensor_parallel=2"]),
 }
 
 
