@@ -125,6 +125,9 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
             *short,
         )
     )
+    out["deepspeed"] = submitted(
+        slurm("submit", "--config", lev, *CPU2, "--launch", "deepspeed", "--run-dir", root / "deepspeed", *short)
+    )
     prefix = root / "chain" / "data" / "val"
     p = slurm(
         "pipeline",
@@ -180,7 +183,8 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
         assert time.monotonic() < deadline, "the torchrun job did not reach step 10"
         time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", out["torchrun"]], check=True, timeout=30)
-    out["info"] = wait_jobs([out[k] for k in ("srun", "torchrun", "sweep", "prep", "chain", "eval", "nasty")])
+    names = ("srun", "torchrun", "deepspeed", "sweep", "prep", "chain", "eval", "nasty")
+    out["info"] = wait_jobs([out[k] for k in names])
     out["sweep_info"] = wait_jobs([f"{out['sweep']}_0", f"{out['sweep']}_1"])
     return out
 
@@ -198,6 +202,13 @@ def test_submit_trains_with_srun_and_torchrun(jobs):
         acc.Reload()
         assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, STEPS + 1))
         assert "TP=2 PP=1 DP=1" in log_text(run)
+
+
+def test_submit_trains_with_the_deepspeed_launcher(jobs):
+    info, run = jobs["info"][jobs["deepspeed"]], jobs["root"] / "deepspeed"
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log_text(run)[-3000:]
+    assert sorted(losses(run)) == list(range(1, 7)) and "TP=2 PP=1 DP=1" in log_text(run)
+    assert list((run / "slurm").glob("hostfile-*"))  # DeepSpeed's hostfile, written from the node list
 
 
 def test_preempted_job_requeues_itself_and_resumes_exactly(jobs):
