@@ -1,0 +1,147 @@
+"""Write docs/results-small.md from a finished ``benchmarks/repro_small.sh`` study (nothing typed but the reading).
+
+    python benchmarks/results_small.py [--study runs/repro-small] [--out docs/results-small.md]
+
+Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``docs/results-small/``,
+and adds the machine, the exact commands, each run's shape, tokens and wall time (``STUDY/timings.tsv``, summed over
+a run's segments when it was resumed), and the seed-to-seed spread of TIED and LEV next to each LEV-vs-TIED gap.
+The "Reading" section is kept from an existing ``--out`` file (the only hand-written part); a new file gets a
+placeholder there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+READING = "## Reading"
+PLACEHOLDER = "(to be written by hand from the numbers above)"
+PAIRS = [("sweep/tiny-cpu-tied", "tied-seed2"), ("sweep/tiny-cpu-lev", "lev-seed2")]
+
+
+def report(study: Path, name: str) -> dict | None:
+    reports = sorted((study / "runs" / name / "eval").glob("global_step*.json"), key=lambda p: int(p.stem[11:]))
+    return json.loads(reports[-1].read_text()) if reports else None
+
+
+def machine() -> str:
+    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
+    mem = next((int(x.split()[1]) // 2**20 for x in open("/proc/meminfo") if x.startswith("MemTotal")), 0)
+    import torch
+
+    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, {platform.platform()}, Python {platform.python_version()}, " \
+        f"torch {torch.__version__}, no GPU"  # fmt: skip
+
+
+def wall_times(study: Path) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    tsv = study / "timings.tsv"
+    for line in tsv.read_text().splitlines() if tsv.is_file() else []:
+        _, phase, name, seconds = line.split("\t")
+        out[name][phase] += int(seconds)
+    return out
+
+
+def spread(study: Path) -> list[str]:
+    """Seed-to-seed differences of val ppl and each bucket's ppl (relative), for TIED and for LEV."""
+    rows = []
+    for a, b in PAIRS:
+        ra, rb = report(study, a), report(study, b)
+        if not (ra and rb):
+            continue
+        cells = [f"{100 * (rb['heldout'][0]['ppl'] / ra['heldout'][0]['ppl'] - 1):+.1f}%"]
+        for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"]):
+            cells.append(f"{100 * (y['ppl'] / x['ppl'] - 1):+.1f}%" if x["ppl"] and y["ppl"] else "")
+        rows.append(f"| {b} vs {a} | " + " | ".join(cells) + " |")
+    if rows:
+        names = [b["name"] for b in report(study, PAIRS[0][0])["frequency"]["buckets"]]
+        head = "| seed 1235 vs seed 1234 | val ppl | " + " | ".join(names) + " |"
+        rows = [head, "|" + " --- |" * (len(names) + 2), *rows]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", default="runs/repro-small", help="the study directory (repro_small.sh --out)")
+    ap.add_argument("--out", default=str(REPO / "docs" / "results-small.md"))
+    ns = ap.parse_args(argv)
+    study, out = Path(ns.study), Path(ns.out)
+    table = study / "compare" / "comparison.md"
+    if not table.is_file():
+        print(f"error: {table} not found: run benchmarks/repro_small.sh first", file=sys.stderr)
+        return 2
+    figs = out.parent / "results-small"
+    figs.mkdir(parents=True, exist_ok=True)
+    pngs = []
+    for png in sorted((study / "compare").glob("*.png")):
+        shutil.copyfile(png, figs / png.name)
+        pngs.append(f"![{png.stem}](results-small/{png.name})")
+    reading = PLACEHOLDER
+    if out.is_file() and READING in out.read_text():
+        reading = out.read_text().split(READING, 1)[1].strip()
+    times = wall_times(study)
+    runs = [n for n in times if n != "corpus" and not n.startswith("slurm:") and times[n].get("train")]
+    lines = ["| run | variant | params | input params | tokens | train wall time | eval wall time |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name in runs:
+        r = report(study, name) or {}
+        p, t = r.get("params", {}), times[name]
+        total, inp = p.get("total", 0) / 1e6, p.get("input_layer", 0) / 1e6
+        lines.append(
+            f"| {name} | {r.get('variant', '?')} | {total:.3f}M | {inp:.3f}M | {r.get('tokens_seen', 0):,} | "
+            f"{t['train'] / 60:.1f} min | {t.get('eval', 0) / 60:.1f} min |"
+        )
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    doc = [
+        "# A small-scale reproduction of the paper's comparison",
+        "",
+        f"Produced by `bash benchmarks/repro_small.sh` (commit {commit.strip()}) and written by "
+        "`python benchmarks/results_small.py`; nothing below is typed by hand except the Reading.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "## Commands",
+        "",
+        "```bash",
+        "bash benchmarks/repro_small.sh            # data, 13 runs, evaluate, compare (resumable)",
+        "python benchmarks/results_small.py        # this page",
+        "```",
+        "",
+        "The settings (body, steps, data) are at the top of `benchmarks/repro_small.sh`.",
+        "",
+        "## Runs",
+        "",
+        *lines,
+        "",
+        "## The comparison (`python -m leviathan_pretrain.compare`)",
+        "",
+        table.read_text().split("\n", 1)[1].strip(),
+        "",
+        "## Seed-to-seed spread",
+        "",
+        *(spread(study) or ["(the second-seed runs are not finished)"]),
+        "",
+        "## Plots",
+        "",
+        *pngs,
+        "",
+        READING,
+        "",
+        reading,
+        "",
+    ]
+    out.write_text("\n".join(doc))
+    print(f"wrote {out} and {len(pngs)} plot(s) in {figs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
