@@ -183,6 +183,8 @@ def _zero3_state(tag_dir: Path, tp_rank: int) -> dict:
         with open(os.devnull, "w") as quiet, _weights_only(), contextlib.redirect_stdout(quiet):
             with contextlib.redirect_stderr(quiet):  # its progress bars
                 return get_fp32_state_dict_from_zero_checkpoint(str(tmp), tag="t")
+    except (CheckpointError, OSError, ValueError, KeyError) as e:
+        raise EvalError(f"{tag_dir}: its ZeRO-3 files of tensor-parallel rank {tp_rank} do not load ({e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -211,8 +213,10 @@ def shard_states(tag_dir: Path, layout: dict) -> list[dict]:
             sd = {}
             for f in files:
                 index = int(f.name.split("-", 1)[0][len("layer_") :])
-                for k, v in safe_load(f).items():
-                    sd[f"{index}.{k}"] = v
+                try:
+                    sd.update({f"{index}.{k}": v for k, v in safe_load(f).items()})
+                except CheckpointError as e:
+                    raise EvalError(str(e)) from None
             states.append(sd)
     return states
 
@@ -229,7 +233,7 @@ def merge_tp(model: torch.nn.Module, states: list[dict]) -> dict:
             if key.endswith("_extra_state"):
                 out[key] = target
                 continue
-            raise EvalError(f"the checkpoint has no weights for {key}")
+            raise EvalError(f"the checkpoint has no weights for {key} (another variant or configuration?)")
         shards = [s[found] for s in states]
         p = params.get(key)
         if len(shards) == 1 or p is None or not getattr(p, "tensor_model_parallel", False):
