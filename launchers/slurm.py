@@ -513,6 +513,11 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         ns.overrides = [*ns.overrides, *extra]
+    if getattr(ns, "configs", None):  # `--configs a.yaml b.yaml key=value`: nargs="+" took the override too
+        ns.overrides = [c for c in ns.configs if "=" in c and not os.path.exists(c)] + ns.overrides
+        ns.configs = [c for c in ns.configs if not ("=" in c and not os.path.exists(c))]
+        if not ns.configs:
+            ap.error("--configs: give at least one config file")
     return ns
 
 

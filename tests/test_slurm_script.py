@@ -223,3 +223,14 @@ def test_help_of_every_command():
         timeout=60,
     )
     assert p.returncode == 0 and "--nproc-per-node" in p.stdout
+
+
+def test_overrides_may_follow_the_sweeps_configs_or_stand_between_options(data):
+    p = slurm("sweep", "--configs", "configs/tiny-cpu-lev.yaml", "configs/tiny-cpu-tied.yaml", data, "--gpus-per-node",
+              "0", "train.global_batch_size=24", "--dry-run")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "[0] configs/tiny-cpu-lev.yaml" in p.stdout and "[1] configs/tiny-cpu-tied.yaml" in p.stdout
+    assert p.stdout.count("= global 24 sequences") == 2  # both overrides reached both elements
+    p = slurm("submit", "--config", "configs/tiny-cpu-lev.yaml", "train.steps=7", "--gpus-per-node", "0", data,
+              "--dry-run", "--bogus")  # fmt: skip
+    assert p.returncode == 2 and "unrecognized arguments: --bogus" in p.stderr
