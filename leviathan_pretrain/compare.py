@@ -17,13 +17,13 @@ import csv
 import io
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from leviathan_pretrain.trainer.ckpt_names import META, TAG_PREFIX, CheckpointError, read_latest, step_of
+from data_prep.fileio import write_bytes_atomic
+from leviathan_pretrain.trainer.ckpt_names import META, CheckpointError, complete_tags, read_latest
 
 LOG_NAME = "train_log.jsonl"  # leviathan_pretrain.trainer.metrics.LOG_NAME (that module imports torch)
 SCHEMA = 1
@@ -184,8 +184,7 @@ def read_config(run: Run) -> None:
             metas = [ckpt / tag / META for tag in [read_latest(ckpt)] if tag]
         except CheckpointError:  # latest names an incomplete checkpoint: the highest complete one is used
             pass
-        tags = sorted((step_of(p.name) or -1, p) for p in ckpt.glob(f"{TAG_PREFIX}*"))
-        metas += [p / META for _, p in reversed(tags)]
+        metas += [ckpt / tag / META for tag in reversed(complete_tags(ckpt))]
     if isinstance((run.report or {}).get("checkpoint"), str):
         metas.append(Path(run.report["checkpoint"]) / META)
     for meta in metas:
@@ -351,12 +350,7 @@ def md_table(header: list, rows: list, left: tuple = (0,)) -> str:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_bytes_atomic(path, text.encode())
     return path
 
 

@@ -16,6 +16,7 @@ Exit codes: 0 done; 2 bad input (run, checkpoint, tokenizer, data or text file),
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -86,8 +87,9 @@ def _check_args(ns) -> None:
         raise EvalError(f"--bucket-edges: {ns.bucket_edges!r} is not a comma-separated list of numbers") from None
 
 
-def evaluate(ns, world: tuple[int, int], device) -> dict:
-    """Everything ``ns`` asks for, as a report dict (see evaluation/report.py)."""
+def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
+    """Everything ``ns`` asks for, as a report dict (see evaluation/report.py), and the run's TensorBoard directory
+    (None when the run logged none)."""
     import sentencepiece as spm
     import torch
 
@@ -163,7 +165,7 @@ def evaluate(ns, world: tuple[int, int], device) -> dict:
                     "documents_left_out": left,
                     "tokens": s.tokens,
                     "loss": s.mean_loss,
-                    "ppl": float(torch.tensor(s.mean_loss).exp()),
+                    "ppl": math.exp(s.mean_loss),
                 }
             )
             all_loss.append(s.loss)
@@ -206,7 +208,7 @@ def evaluate(ns, world: tuple[int, int], device) -> dict:
     if not (report["heldout"] or report["wikitext"] or report["lambada"]):
         raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
     report["seconds"] = round(time.monotonic() - t0, 1)
-    return report
+    return report, _tensorboard_dir(ns, cfg)
 
 
 def main(argv=None) -> int:
@@ -223,7 +225,7 @@ def main(argv=None) -> int:
             import torch.distributed as dist
 
             world = (dist.get_rank(), dist.get_world_size())
-            report = evaluate(ns, world, device)
+            report, tb = evaluate(ns, world, device)
         if world[0] != 0:
             return 0
         from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars, write_report
@@ -232,29 +234,23 @@ def main(argv=None) -> int:
         write_report(out, report)
         print(console_table(report))
         print(f"\nreport: {out}")
-        if not ns.no_tensorboard:
-            tb = _tensorboard_dir(ns, report)
-            if tb is not None:
-                from leviathan_pretrain.evaluation.report import write_tensorboard
+        if tb is not None and not ns.no_tensorboard:
+            from leviathan_pretrain.evaluation.report import write_tensorboard
 
-                write_tensorboard(tb, report["step"], tensorboard_scalars(report))
-                print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
+            write_tensorboard(tb, report["step"], tensorboard_scalars(report))
+            print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
         return 0
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def _tensorboard_dir(ns, report: dict) -> Path | None:
-    """The run's TensorBoard directory: ``logging.tensorboard_dir`` if the recorded one exists, else RUN/tensorboard
-    (None when the run logged no TensorBoard)."""
-    import json
-
-    meta = json.loads((Path(report["checkpoint"]) / "leviathan.json").read_text())
-    log = (meta.get("config") or {}).get("logging") or {}
-    if not log.get("tensorboard", True):
+def _tensorboard_dir(ns, cfg) -> Path | None:
+    """The run's TensorBoard directory: the recorded ``logging.tensorboard_dir`` if it exists here, else
+    RUN/tensorboard (None when the run logged no TensorBoard)."""
+    if not cfg.logging.tensorboard:
         return None
-    recorded = log.get("tensorboard_dir")
+    recorded = cfg.logging.tensorboard_dir
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
     return Path(ns.run) / "tensorboard"

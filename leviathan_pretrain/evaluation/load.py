@@ -39,7 +39,15 @@ import torch
 from data_prep.fileio import sha256_file
 from leviathan_pretrain.config import Config, ConfigError
 from leviathan_pretrain.configlib import build, validate_tree
-from leviathan_pretrain.trainer.ckpt_names import META, TAG_PREFIX, CheckpointError, read_latest, step_of, tag_for
+from leviathan_pretrain.trainer.ckpt_names import (
+    META,
+    TAG_PREFIX,
+    CheckpointError,
+    complete_tags,
+    read_latest,
+    step_of,
+    tag_for,
+)
 
 
 class EvalError(RuntimeError):
@@ -94,7 +102,7 @@ def select_tag(ckpt_dir: Path, step: int | None = None) -> str:
     if step is not None:
         tag = tag_for(step)
         if not (ckpt_dir / tag / META).is_file():
-            have = sorted((d.name for d in ckpt_dir.glob(f"{TAG_PREFIX}*") if (d / META).is_file()), key=step_of)
+            have = complete_tags(ckpt_dir)
             raise EvalError(
                 f"{ckpt_dir / tag}: no complete checkpoint at step {step} (complete: {', '.join(have) or 'none'})"
             )

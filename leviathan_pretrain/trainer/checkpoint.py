@@ -48,6 +48,7 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
     SAVING,
     TAG_PREFIX,
     checkpoint_dir,
+    complete_tags,
     read_latest,
     step_of,
     tag_for,
@@ -55,12 +56,7 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
 from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load
 from leviathan_pretrain.trainer.state import TrainState
 
-# ---- directory bookkeeping (names, tag_for, step_of, read_latest, checkpoint_dir: in .ckpt_names) ----
-
-
-def complete_tags(ckpt_dir: Path) -> list[str]:
-    tags = [d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and (d / META).is_file()]
-    return sorted((t for t in tags if step_of(t) is not None), key=step_of)
+# ---- directory bookkeeping (names, tag_for, step_of, read_latest, complete_tags, checkpoint_dir: in .ckpt_names) ----
 
 
 def _atomic_write(path: Path, text: str) -> None:

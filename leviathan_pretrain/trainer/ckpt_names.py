@@ -26,6 +26,12 @@ def step_of(tag: str) -> int | None:
     return int(rest) if rest.isdigit() else None
 
 
+def complete_tags(ckpt_dir: Path) -> list[str]:
+    """The ``global_step<N>`` folders holding ``leviathan.json`` (committed checkpoints), oldest first."""
+    tags = [d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and (d / META).is_file()]
+    return sorted((t for t in tags if step_of(t) is not None), key=step_of)
+
+
 def read_latest(ckpt_dir: Path) -> str | None:
     p = Path(ckpt_dir) / LATEST
     if not p.is_file():
