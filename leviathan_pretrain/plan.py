@@ -151,7 +151,7 @@ def _input_params(m, tp: int) -> int:
         return V_pad * e // tp + e * D
     if v == "flat_mlp":
         e, hid = sizes.flat_mlp_dims(m)
-        return V_pad * e // tp + 2 * e + (e * hid + hid * D) // tp
+        return V_pad * e // tp + (e * hid + hid * D) // tp
     if v == "factored_mlp":
         hid, d = sizes.factored_mlp_hidden(m), lev.seed_dim
         return lev.digits * lev.resolved_base(V) * d + 2 * d + (d * hid + hid * D) // tp
@@ -286,7 +286,7 @@ def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
         return float(n * sizes.albert_dim(m) * e)
     if v == "flat_mlp":
         width, hid = sizes.flat_mlp_dims(m)
-        return 4.0 * n * (3 * width + 2 * hid / tp)
+        return 4.0 * n * (width + 2 * hid / tp)  # the rows (fc1's input), fc1's output and GELU's
     if v == "factored_mlp":
         return 4.0 * n * (3 * lev.seed_dim + 2 * sizes.factored_mlp_hidden(m) / tp)
     return 0.0  # tables: the output is the first layer's input (counted there)

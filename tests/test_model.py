@@ -100,6 +100,21 @@ def test_tied_shares_the_input_table_with_the_head(world):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_every_input_gives_distinct_tokens_distinct_rows_at_the_tiny_shapes(world, variant):
+    """At the tiny configs' sizes (V = 16k: ALBERT's e is 3, the flat MLP's table is 1 wide) no input layer may
+    map two tokens to one row; a LayerNorm on the flat MLP's 1-wide rows once made every row the same."""
+    cfg = load_config(f"configs/tiny-cpu-{variant}.yaml", ["model.vocab_size=16000", "parallel.precision=fp32"])
+    seed_everything(1, world.device)
+    model = make(cfg)
+    ids = torch.tensor([[0, 1, 2, 100, 4000, 8000, 15998, 15999]])
+    with torch.no_grad():
+        rows = model.input_layer(ids, torch.arange(ids.shape[1])[None]).reshape(-1, cfg.model.hidden_size)
+    dist = torch.cdist(rows.double(), rows.double())
+    off = dist[~torch.eye(len(rows), dtype=torch.bool)]
+    assert off.min() > 1e-4 * rows.norm(dim=1).mean(), (variant, off.min().item())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_out_of_range_ids_raise_for_every_variant(world, variant):
     model = make(small(variant))
     x, y, pos = batch()

@@ -41,5 +41,7 @@ def test_tp_attributes_on_self_sharded_parameters(tp_results):
     assert tp_results[0]["lev"]["full_params"] == 0.0  # full_parameters() gathers the shards back exactly
     for v in ("flat_mlp", "factored_mlp"):
         a = tp_results[0][v]["tp_attrs"]
-        assert a["fc1"] and a["fc2"] and not a["ln_weight"]
+        assert a["fc1"] and a["fc2"]
+    assert not tp_results[0]["factored_mlp"]["tp_attrs"]["ln_weight"]  # replicated
+    assert "ln_weight" not in tp_results[0]["flat_mlp"]["tp_attrs"]  # no LayerNorm on a 1-5 wide row
     assert tp_results[0]["albert"]["tp_attrs"] == {"proj": False, "table.weight": True}

@@ -41,8 +41,6 @@ def replicated(m) -> int:
         out += codebooks + 2 * lev.seed_dim
     if m.variant == "albert":
         out += sizes.albert_dim(m) * D
-    if m.variant == "flat_mlp":
-        out += 2 * sizes.flat_mlp_dims(m)[0]
     return out
 
 

@@ -164,15 +164,18 @@ class UniqueIdInput(MegatronModule):
         self.lookup_table = None
 
 
-def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype, group):
-    """LayerNorm(d_in) -> fc1 [hidden, d_in] (LeCun init) -> GELU -> fc2 [d_out, hidden]; hidden sharded."""
+def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype, group, layer_norm: bool):
+    """[LayerNorm(d_in)] -> fc1 [hidden, d_in] (LeCun init) -> GELU -> fc2 [d_out, hidden]; hidden sharded."""
     if hidden % group_size(group):
         raise ModelConfigError(
             f"model.mlp_hidden: {hidden} is not divisible by parallel.tensor_parallel={group_size(group)}"
         )
-    return dict(
+    norm = dict(
         ln_weight=replicated_param([d_in], const_init(1.0), dtype),
         ln_bias=replicated_param([d_in], const_init(0.0), dtype),
+    )
+    return dict(
+        **(norm if layer_norm else {}),
         fc1=sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype, group),
         fc2=sharded_param([d_out, hidden], 1, normal_init(std), dtype, group),
     )
@@ -192,7 +195,8 @@ def _vocab_parallel_table(config, padded_vocab_size: int, dim: int, tp_group):
 
 def _mlp_partial(mod, x):
     """This rank's partial MLP output (``x`` replicated across TP)."""
-    x = F.layer_norm(x, (x.shape[-1],), mod.ln_weight.to(x.dtype), mod.ln_bias.to(x.dtype), 1e-5)
+    if "ln_weight" in mod._parameters:
+        x = F.layer_norm(x, (x.shape[-1],), mod.ln_weight.to(x.dtype), mod.ln_bias.to(x.dtype), 1e-5)
     x = copy_to_tp(x, mod.tp_group)
     return F.linear(F.gelu(F.linear(x, mod.fc1.to(x.dtype))), mod.fc2.to(x.dtype))
 
@@ -215,14 +219,23 @@ class AlbertInput(UniqueIdInput):
 
 
 class FlatMLPInput(UniqueIdInput):
-    """Flat MLP ablation: a small vocab-parallel ``V x e`` table, then an MLP ``e -> m -> D`` (hidden sharded)."""
+    """Flat MLP ablation: a small vocab-parallel ``V x e`` table, then an MLP ``e -> m -> D`` (hidden sharded).
+
+    No LayerNorm on the table's rows: at the parameter-matched widths (``e`` = 1 at the tiny scale, 3-5 at
+    200M-1.2B) it would erase them: a normalised 1-vector is 0 for every token, a 3-vector keeps one angle."""
 
     def __init__(self, config, model_cfg, padded_vocab_size: int, tp_group=None):
         super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)
         self.dim, self.mlp_hidden = sizes.flat_mlp_dims(model_cfg)
         self.table = _vocab_parallel_table(config, padded_vocab_size, self.dim, tp_group)
         for name, p in _mlp_shards(
-            self.dim, self.mlp_hidden, model_cfg.hidden_size, config.init_method_std, config.params_dtype, tp_group
+            self.dim,
+            self.mlp_hidden,
+            model_cfg.hidden_size,
+            config.init_method_std,
+            config.params_dtype,
+            tp_group,
+            layer_norm=False,
         ).items():
             self.register_parameter(name, p)
 
@@ -267,6 +280,7 @@ class FactoredMLPInput(UniqueIdInput):
             config.init_method_std,
             config.params_dtype,
             tp_group,
+            layer_norm=True,
         ).items():
             self.register_parameter(name, p)
 

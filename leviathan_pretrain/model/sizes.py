@@ -55,13 +55,13 @@ def factored_mlp_hidden(model) -> int:
 
 
 def flat_mlp_dims(model) -> tuple[int, int]:
-    """Flat MLP: table ``V x e`` + LayerNorm + MLP ``e -> m -> D``. Default: about half of LEV's budget to
+    """Flat MLP: table ``V x e`` + MLP ``e -> m -> D``. Default: about half of LEV's budget to
     the table, the rest to the MLP (``model.flat_mlp_dim`` / ``model.mlp_hidden`` override)."""
     budget = lev_input_params(model.vocab_size, model.hidden_size, model.lev)
     e = model.flat_mlp_dim if model.flat_mlp_dim is not None else max(1, budget // 2 // model.vocab_size)
     if model.mlp_hidden is not None:
         return e, model.mlp_hidden
-    rest = max(0, budget - model.vocab_size * e - 2 * e)
+    rest = max(0, budget - model.vocab_size * e)
     return e, _round_multiple(rest / (e + model.hidden_size))
 
 
@@ -79,7 +79,7 @@ def input_params(model, tensor_parallel: int = 1) -> int:
         return V_pad * e + e * D
     if v == "flat_mlp":
         e, m = flat_mlp_dims(model)
-        return V_pad * e + 2 * e + e * m + m * D
+        return V_pad * e + e * m + m * D
     if v == "factored_mlp":
         lev = model.lev
         m = factored_mlp_hidden(model)
