@@ -3,8 +3,11 @@
     python benchmarks/results_small.py [--study runs/repro-small] [--out docs/results-small.md]
 
 Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``docs/results-small/``,
-and adds the machine, the exact commands, each run's shape, tokens and wall time (``STUDY/timings.tsv``, summed over
-a run's segments when it was resumed), and the seed-to-seed spread of TIED and LEV next to each LEV-vs-TIED gap.
+and adds the machine, the exact commands, each run's shape, tokens and times, and the seed-to-seed spread of TIED and
+LEV next to each LEV-vs-TIED gap. A run's times: its training steps' own time (``step_time_s`` in its
+``train_log.jsonl``, the last record of each step when it was resumed), its median step, and the launcher's wall
+time (``STUDY/timings.tsv``, summed over the segments it recorded; a segment killed with the machine is not there,
+and runs trained through SLURM have one wall time for all).
 The "Reading" section is kept from an existing ``--out`` file (the only hand-written part); a new file gets a
 placeholder there.
 """
@@ -50,6 +53,23 @@ def wall_times(study: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def run_names(study: Path) -> list[str]:
+    """The study's runs (directories with a training log): the variants' sweep first, then the rest by name."""
+    names = [str(p.parent.relative_to(study / "runs")) for p in (study / "runs").glob("**/train_log.jsonl")]
+    return sorted(names, key=lambda n: (not n.startswith("sweep/"), n))
+
+
+def step_times(run: Path) -> tuple[float, float]:
+    """(sum, median) of the training steps' ``step_time_s``; a step trained twice (resumed) counts its last time."""
+    last: dict[int, float] = {}
+    for line in (run / "train_log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "step_time_s" in rec:
+            last[rec["step"]] = rec["step_time_s"]
+    times = sorted(last.values())
+    return (sum(times), times[len(times) // 2]) if times else (0.0, 0.0)
+
+
 def spread(study: Path) -> list[str]:
     """Seed-to-seed differences of val ppl and each bucket's ppl (relative), for TIED and for LEV."""
     rows = []
@@ -88,17 +108,20 @@ def main(argv=None) -> int:
     if out.is_file() and READING in out.read_text():
         reading = out.read_text().split(READING, 1)[1].strip()
     times = wall_times(study)
-    runs = [n for n in times if n != "corpus" and not n.startswith("slurm:") and times[n].get("train")]
-    lines = ["| run | variant | params | input params | tokens | train wall time | eval wall time |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
-    for name in runs:
+    lines = ["| run | variant | params | input params | tokens | steps' time | median step | launcher wall time "
+             "| eval wall time |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name in run_names(study):
         r = report(study, name) or {}
-        p, t = r.get("params", {}), times[name]
+        p, t = r.get("params", {}), times.get(name, {})
         total, inp = p.get("total", 0) / 1e6, p.get("input_layer", 0) / 1e6
+        steps, median = step_times(study / "runs" / name)
+        wall = f"{t['train'] / 60:.1f} min" if t.get("train") else "-"
         lines.append(
             f"| {name} | {r.get('variant', '?')} | {total:.3f}M | {inp:.3f}M | {r.get('tokens_seen', 0):,} | "
-            f"{t['train'] / 60:.1f} min | {t.get('eval', 0) / 60:.1f} min |"
+            f"{steps / 60:.1f} min | {median:.2f} s | {wall} | {t.get('eval', 0) / 60:.1f} min |"
         )
+    slurm = {n: t["train"] for n, t in times.items() if n.startswith("slurm:")}
+    lines += [f"\nTrained through SLURM: {n[6:]} in {s / 60:.1f} min of wall time." for n, s in slurm.items()]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     doc = [
         "# A small-scale reproduction of the paper's comparison",
