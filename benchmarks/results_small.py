@@ -70,6 +70,45 @@ def step_times(run: Path) -> tuple[float, float]:
     return (sum(times), times[len(times) // 2]) if times else (0.0, 0.0)
 
 
+def run_config(run: Path):
+    """The run's config as its newest checkpoint recorded it (``None`` before its first checkpoint)."""
+    from leviathan_pretrain.evaluation.load import saved_config
+    from leviathan_pretrain.trainer.ckpt_names import complete_tags
+
+    tags = complete_tags(run / "checkpoints")
+    if not tags:
+        return None
+    meta = run / "checkpoints" / tags[-1] / "leviathan.json"
+    return saved_config(json.loads(meta.read_text()), meta)
+
+
+def input_shape(m) -> str:
+    """The input layer's sizes, as the model builds them."""
+    from leviathan_pretrain.model import sizes
+
+    lev = m.lev
+    if m.variant == "lev":
+        return f"d_seed {lev.seed_dim}, h {lev.heads}, K {lev.knots}, r {lev.rank}, {lev.digits} digits"
+    if m.variant == "albert":
+        return f"e {sizes.albert_dim(m)}"
+    if m.variant == "flat_mlp":
+        return "e {}, m {}".format(*sizes.flat_mlp_dims(m))
+    if m.variant == "factored_mlp":
+        return f"d_seed {lev.seed_dim}, m {sizes.factored_mlp_hidden(m)}"
+    return f"{m.vocab_size} x {m.hidden_size} table"
+
+
+def body(cfg) -> str:
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    ffn = m.ffn_hidden_size or "default"
+    return (
+        f"Body (every run): {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, FFN {ffn}, "
+        f"sequence {m.seq_length}, vocabulary {m.vocab_size}; batch {t.global_batch_size} x {m.seq_length} tokens "
+        f"(micro-batch {t.micro_batch_size} per rank), {cfg.parallel.precision}; AdamW lr {o.lr:g} -> {o.min_lr:g} "
+        f"({o.decay_style}, {o.warmup_steps} warm-up steps), weight decay {o.weight_decay:g}, clip {o.clip_grad:g}."
+    )
+
+
 def spread(study: Path) -> list[str]:
     """Seed-to-seed differences of val ppl and each bucket's ppl (relative), for TIED and for LEV."""
     rows = []
@@ -108,16 +147,19 @@ def main(argv=None) -> int:
     if out.is_file() and READING in out.read_text():
         reading = out.read_text().split(READING, 1)[1].strip()
     times = wall_times(study)
-    lines = ["| run | variant | params | input params | tokens | steps' time | median step | launcher wall time "
-             "| eval wall time |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
-    for name in run_names(study):
+    lines = ["| run | variant | input layer | params | input params | tokens | steps' time | median step "
+             "| launcher wall time | eval wall time |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    configs = {name: run_config(study / "runs" / name) for name in run_names(study)}
+    for name, cfg in configs.items():
         r = report(study, name) or {}
+        shape = input_shape(cfg.model) if cfg else "?"
         p, t = r.get("params", {}), times.get(name, {})
         total, inp = p.get("total", 0) / 1e6, p.get("input_layer", 0) / 1e6
         steps, median = step_times(study / "runs" / name)
         wall = f"{t['train'] / 60:.1f} min" if t.get("train") else "-"
         lines.append(
-            f"| {name} | {r.get('variant', '?')} | {total:.3f}M | {inp:.3f}M | {r.get('tokens_seen', 0):,} | "
+            f"| {name} | {r.get('variant', '?')} | {shape} | {total:.3f}M | {inp:.3f}M | {r.get('tokens_seen', 0):,} | "
             f"{steps / 60:.1f} min | {median:.2f} s | {wall} | {t.get('eval', 0) / 60:.1f} min |"
         )
     slurm = {n: t["train"] for n, t in times.items() if n.startswith("slurm:")}
@@ -141,6 +183,8 @@ def main(argv=None) -> int:
         "The settings (body, steps, data) are at the top of `benchmarks/repro_small.sh`.",
         "",
         "## Runs",
+        "",
+        next((body(c) for c in configs.values() if c), ""),
         "",
         *lines,
         "",
