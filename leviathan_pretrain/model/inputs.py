@@ -170,15 +170,13 @@ def _mlp_shards(d_in: int, hidden: int, d_out: int, std: float, dtype, group, la
         raise ModelConfigError(
             f"model.mlp_hidden: {hidden} is not divisible by parallel.tensor_parallel={group_size(group)}"
         )
-    norm = dict(
-        ln_weight=replicated_param([d_in], const_init(1.0), dtype),
-        ln_bias=replicated_param([d_in], const_init(0.0), dtype),
-    )
-    return dict(
-        **(norm if layer_norm else {}),
-        fc1=sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype, group),
-        fc2=sharded_param([d_out, hidden], 1, normal_init(std), dtype, group),
-    )
+    out = {}
+    if layer_norm:
+        out["ln_weight"] = replicated_param([d_in], const_init(1.0), dtype)
+        out["ln_bias"] = replicated_param([d_in], const_init(0.0), dtype)
+    out["fc1"] = sharded_param([hidden, d_in], 0, normal_init(1.0 / math.sqrt(d_in)), dtype, group)
+    out["fc2"] = sharded_param([d_out, hidden], 1, normal_init(std), dtype, group)
+    return out
 
 
 def _vocab_parallel_table(config, padded_vocab_size: int, dim: int, tp_group):
