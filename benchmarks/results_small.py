@@ -61,24 +61,22 @@ def run_names(study: Path) -> list[str]:
 
 def step_times(run: Path) -> tuple[float, float]:
     """(sum, median) of the training steps' ``step_time_s``; a step trained twice (resumed) counts its last time."""
-    last: dict[int, float] = {}
-    for line in (run / "train_log.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "step_time_s" in rec:
-            last[rec["step"]] = rec["step_time_s"]
-    times = sorted(last.values())
+    from leviathan_pretrain.compare import LOG_NAME, read_log_values
+
+    (points,) = read_log_values(run / LOG_NAME, "step_time_s")
+    times = sorted(t for _, t in points)
     return (sum(times), times[len(times) // 2]) if times else (0.0, 0.0)
 
 
 def run_config(run: Path):
-    """The run's config as its newest checkpoint recorded it (``None`` before its first checkpoint)."""
-    from leviathan_pretrain.evaluation.load import saved_config
-    from leviathan_pretrain.trainer.ckpt_names import complete_tags
+    """The run's config as its latest checkpoint recorded it (``None`` before its first checkpoint)."""
+    from leviathan_pretrain.evaluation.load import META, EvalError, checkpoint_location, saved_config, select_tag
 
-    tags = complete_tags(run / "checkpoints")
-    if not tags:
+    try:
+        ckpt_dir = checkpoint_location(run)
+        meta = ckpt_dir / select_tag(ckpt_dir) / META
+    except EvalError:
         return None
-    meta = run / "checkpoints" / tags[-1] / "leviathan.json"
     return saved_config(json.loads(meta.read_text()), meta)
 
 

@@ -134,9 +134,10 @@ class Run:
         return [(s * tps, v) for s, v in points] if tps else []
 
 
-def read_train_log(path: Path) -> tuple[list, list]:
-    """Training and validation points of ``train_log.jsonl``; the last record of a step wins (a resume)."""
-    train, valid = {}, {}
+def read_log_values(path: Path, *keys: str) -> list[list]:
+    """For each key, the ``[(step, value)]`` points of ``train_log.jsonl`` that carry it, by step; the last record
+    of a step wins (a resume)."""
+    found: list[dict] = [{} for _ in keys]
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -148,12 +149,17 @@ def read_train_log(path: Path) -> tuple[list, list]:
             continue  # a torn last line of a run still writing
         if not isinstance(rec, dict) or "event" in rec or not isinstance(rec.get("step"), int):
             continue
-        for key, into in (("valid_loss", valid), ("loss", train)):
+        for key, into in zip(keys, found):
             v = rec.get(key)
             if _is_num(v) and math.isfinite(v):
                 into[rec["step"]] = float(v)
-                break
-    return sorted(train.items()), sorted(valid.items())
+    return [sorted(points.items()) for points in found]
+
+
+def read_train_log(path: Path) -> tuple[list, list]:
+    """Training and validation points of ``train_log.jsonl``."""
+    train, valid = read_log_values(path, "loss", "valid_loss")
+    return train, valid
 
 
 def read_events(tb_dir: Path) -> tuple[list, list]:
