@@ -115,13 +115,15 @@ def spread(study: Path) -> list[str]:
         if not (ra and rb):
             continue
         cells = [f"{100 * (rb['heldout'][0]['ppl'] / ra['heldout'][0]['ppl'] - 1):+.1f}%"]
+        wa, wb = ra.get("wikitext"), rb.get("wikitext")
+        cells.append(f"{100 * (wb['word_ppl'] / wa['word_ppl'] - 1):+.1f}%" if wa and wb else "")
         for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"]):
             cells.append(f"{100 * (y['ppl'] / x['ppl'] - 1):+.1f}%" if x["ppl"] and y["ppl"] else "")
         rows.append(f"| {b} vs {a} | " + " | ".join(cells) + " |")
     if rows:
         names = [b["name"] for b in report(study, PAIRS[0][0])["frequency"]["buckets"]]
-        head = "| seed 1235 vs seed 1234 | val ppl | " + " | ".join(names) + " |"
-        rows = [head, "|" + " --- |" * (len(names) + 2), *rows]
+        head = "| seed 1235 vs seed 1234 | val ppl | WikiText word ppl | " + " | ".join(names) + " |"
+        rows = [head, "|" + " --- |" * (len(names) + 3), *rows]
     return rows
 
 
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
         "",
         "## The comparison (`python -m leviathan_pretrain.compare`)",
         "",
-        table.read_text().split("\n", 1)[1].strip(),
+        table.read_text().split("\n", 1)[1].strip().replace(f"{study.resolve()}/", f"{ns.study}/"),
         "",
         "## Seed-to-seed spread",
         "",

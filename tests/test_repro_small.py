@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -53,13 +54,14 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     timings = (out / "timings.tsv").read_text().splitlines()
     # the results page from it: every run with its times, the table, the spread, the plots; the reading is kept
     doc = tmp_path / "docs" / "results-small.md"
-    results = [sys.executable, "benchmarks/results_small.py", "--study", str(out), "--out", str(doc)]
+    results = [sys.executable, "benchmarks/results_small.py", "--study", os.path.relpath(out, REPO), "--out", str(doc)]
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     text = doc.read_text()
     run_rows = [x for x in text.splitlines() if x.startswith("| ") and x.split(" | ")[1] in ("tied", "lev", "albert",
                 "untied", "flat_mlp", "factored_mlp") and " min | " in x]  # fmt: skip
     assert len(run_rows) == RUNS, text
     assert "Trained through SLURM: 13-runs" in text and "| lev-seed2 vs sweep/tiny-cpu-lev |" in text
+    assert "WikiText word ppl | unseen |" in text and str(out.resolve()) not in text  # reports named from --study
     assert (tmp_path / "docs" / "results-small" / "ppl_by_frequency.png").stat().st_size > 1000
     doc.write_text(text.replace("(to be written by hand from the numbers above)", "LEV reads as it reads."))
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
