@@ -325,6 +325,18 @@ def test_tokens_to_reach_by_hand():
     assert relative(1.0, 0.0) is None and relative(None, 1.0) is None
 
 
+def test_plot_colours_stay_distinct_past_ten_runs():
+    # the 13-run study drew TIED and a LEV run in the same blue, ALBERT and lev-long in the same green
+    from matplotlib.colors import to_rgba
+
+    from leviathan_pretrain.evaluation.plots import colors
+
+    for n in (1, 3, 10, 11, 13, 20):
+        assert len({to_rgba(c) for c in colors(n)}) == n, n
+    assert colors(3) == ["C0", "C1", "C2"]  # the default cycle up to 10 runs
+    assert len({to_rgba(c) for c in colors(25)}) == 20  # tab20's colours repeat only past 20
+
+
 def test_help():
     p = ok("--help")
     assert "--baseline" in p.stdout and "--out" in p.stdout and "tied" in p.stdout

@@ -36,6 +36,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def colors(n: int) -> list:
+    """One colour per run: matplotlib's default cycle up to 10 runs; above that tab20 (dark hues first, then the
+    light ones, so run i and run i + 10 share a hue but not a shade), whose 20 colours repeat only past 20 runs."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    import matplotlib
+
+    tab20 = matplotlib.colormaps["tab20"]
+    return [tab20((2 * i) % 20 + (i // 10) % 2) for i in range(n)]
+
+
 def _empty(ax, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=13, color="0.4", transform=ax.transAxes)
     ax.set_xticks([])
@@ -51,8 +62,7 @@ def loss_vs_tokens(curves: list, target: float | None, baseline: str, path: Path
 
     fig, ax = plt.subplots(figsize=SIZE)
     drawn = False
-    for i, c in enumerate(curves):
-        color = f"C{i % 10}"
+    for c, color in zip(curves, colors(len(curves))):
         if c["train"]:
             x, y = zip(*c["train"])
             ax.plot(x, y, color=color, alpha=0.3, linewidth=1, label=f"{c['name']} (training loss)")
@@ -80,10 +90,10 @@ def _grouped_bars(ax, groups: list, series: list, log: bool, label_fmt: str | No
     """One group of bars per entry of ``groups``, one bar per (name, values) of ``series``; None: no bar."""
     n = max(len(series), 1)
     width = 0.8 / n
-    for i, (name, values) in enumerate(series):
+    for i, ((name, values), color) in enumerate(zip(series, colors(len(series)))):
         xs = [g + (i - (n - 1) / 2) * width for g, v in enumerate(values) if v is not None]
         ys = [v for v in values if v is not None]
-        bars = ax.bar(xs, ys, width=width * 0.95, label=name, color=f"C{i % 10}")
+        bars = ax.bar(xs, ys, width=width * 0.95, label=name, color=color)
         if label_fmt:
             ax.bar_label(bars, fmt=label_fmt, fontsize=8, padding=2)
     for g in range(len(groups)):
