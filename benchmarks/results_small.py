@@ -109,16 +109,20 @@ def body(cfg) -> str:
 
 def spread(study: Path) -> list[str]:
     """Seed-to-seed differences of val ppl and each bucket's ppl (relative), for TIED and for LEV."""
+    from leviathan_pretrain.compare import relative
+
+    def cell(v, base) -> str:
+        change = relative(v, base)
+        return "" if change is None else f"{change:+.1f}%"
+
     rows = []
     for a, b in PAIRS:
         ra, rb = report(study, a), report(study, b)
         if not (ra and rb):
             continue
-        cells = [f"{100 * (rb['heldout'][0]['ppl'] / ra['heldout'][0]['ppl'] - 1):+.1f}%"]
-        wa, wb = ra.get("wikitext"), rb.get("wikitext")
-        cells.append(f"{100 * (wb['word_ppl'] / wa['word_ppl'] - 1):+.1f}%" if wa and wb else "")
-        for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"]):
-            cells.append(f"{100 * (y['ppl'] / x['ppl'] - 1):+.1f}%" if x["ppl"] and y["ppl"] else "")
+        wa, wb = ra.get("wikitext") or {}, rb.get("wikitext") or {}
+        cells = [cell(rb["heldout"][0]["ppl"], ra["heldout"][0]["ppl"]), cell(wb.get("word_ppl"), wa.get("word_ppl"))]
+        cells += [cell(y["ppl"], x["ppl"]) for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"])]
         rows.append(f"| {b} vs {a} | " + " | ".join(cells) + " |")
     if rows:
         names = [b["name"] for b in report(study, PAIRS[0][0])["frequency"]["buckets"]]
