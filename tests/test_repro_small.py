@@ -55,7 +55,8 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     timings = (out / "timings.tsv").read_text().splitlines()
     # the results page from it: every run with its times, the table, the spread, the plots; the reading is kept
     doc = tmp_path / "docs" / "results-small.md"
-    results = [sys.executable, "benchmarks/results_small.py", "--study", os.path.relpath(out, REPO), "--out", str(doc)]
+    rel = os.path.relpath(out, REPO)  # a relative --study: the page names the reports from it
+    results = [sys.executable, "benchmarks/results_small.py", "--study", rel, "--out", str(doc)]
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     text = doc.read_text()
     run_rows = [x for x in text.splitlines() if x.startswith("| ") and x.split(" | ")[1] in ("tied", "lev", "albert",
@@ -65,7 +66,6 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert "WikiText word ppl | unseen |" in text
     # the reports are named from --study as given; the machine's absolute path stands nowhere (a relative --study
     # that climbs to / ends in that path, so it counts only where no '.' of a '../' stands before it)
-    rel = os.path.relpath(out, REPO)
     assert f"- tiny-cpu-lev: {rel}/runs/sweep/tiny-cpu-lev/eval/global_step2.json" in text, text
     assert not re.search(r"(?<!\.)" + re.escape(str(out.resolve())), text), text
     assert (tmp_path / "docs" / "results-small" / "ppl_by_frequency.png").stat().st_size > 1000
