@@ -1,6 +1,7 @@
 """The per-rank memory estimate (``leviathan_pretrain.plan``) against the real trainer's measured peak, on CPU.
 
     python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [key=value ...]
+    python benchmarks/bench_memory.py --loss [--vocab 200064 --hidden 512 --micro 8 --seq 256 --pairs 3]
 
 Each case trains a small-but-not-tiny model (default: hidden 512, 8 layers, 8 heads, vocabulary 32,000,
 sequence 256, micro batch 8 x accumulation 2, fp32, 2 optimizer steps) with the real trainer
@@ -24,6 +25,14 @@ instead of glibc's heap high-water. Only the CPU-applicable parts are checkable 
 no runtime allowance (CUDA context, NCCL), uses SDPA attention (no s^2 softmax term) and counts only the
 touched part of DeepSpeed's bucket; the GPU-only terms are not measured. Each rank reports; the largest is
 shown (TP ranks are alike).
+
+``--loss`` measures the loss path alone, side by side: ``model.loss_impl=fused`` (model/loss.py) against
+``megatron`` (``vocab_parallel_cross_entropy`` on the full logits), each in its own process (a clean VmHWM),
+alternating A/B for ``--pairs`` pairs. A process holds the head weight ``[V, D]``, the hidden states
+``[s, b, D]`` and their ``.grad`` (preallocated: the model's gradients, not the loss path's), resets VmHWM, and
+runs ``--steps`` forward + backward steps of the head and loss (``model.head.head_forward`` with a
+``LossRequest``: what the trainer runs). Printed per pair: the peak above that baseline and the median step
+time, and the megatron/fused ratios of both.
 """
 
 from __future__ import annotations
@@ -99,6 +108,76 @@ def worker(train_args: list[str]) -> int:
     out = Path(os.environ["BENCH_MEMORY_OUT"]) / f"rank{rec['rank']}.json"  # a file each: ranks' stdout interleave
     out.write_text(json.dumps(rec))
     return code
+
+
+# ---------------------------------------------------------------- --loss: the loss path alone
+
+
+def loss_worker(impl: str, args) -> dict:
+    import torch
+
+    from leviathan_pretrain.model import sizes
+    from leviathan_pretrain.model.head import HeadOptions, LossRequest, head_forward
+    from leviathan_pretrain.parallel import one_process_group
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+    b, s, D, V = args.micro, args.seq, args.hidden, args.vocab
+    torch.manual_seed(0)
+    with one_process_group():  # megatron's loss all-reduces over its (one-rank) tensor-parallel group
+        from megatron.core import parallel_state as ps
+
+        ps.initialize_model_parallel(1)
+        weight = (0.02 * torch.randn(V, D)).to(dtype).requires_grad_()
+        hidden = torch.randn(s, b, D).to(dtype).requires_grad_()
+        labels = torch.randint(0, V, (b, s))
+        mask = torch.ones(b, s)
+        weight.grad, hidden.grad = torch.zeros_like(weight), torch.zeros_like(hidden)
+        opts = HeadOptions(impl, sizes.loss_chunk_tokens(V, "cpu", args.loss_chunk))
+        baseline = _rss()
+        _reset_peak()
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            head_forward(LossRequest(hidden, labels, mask), weight, None, opts).backward()
+            times.append(time.perf_counter() - t0)
+        peak = _status_kb("VmHWM") * 1024 - baseline
+        ps.destroy_model_parallel()
+    return {"impl": impl, "peak": peak, "step": sorted(times)[len(times) // 2], "chunk": opts.chunk}
+
+
+def loss_bench(args) -> int:
+    rows = []
+    for pair in range(args.pairs):
+        got = {}
+        for impl in ("megatron", "fused"):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--loss-worker", impl, *sys.argv[1:]]
+            env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="2")
+            p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+            line = [x for x in p.stdout.splitlines() if x.startswith("LOSS ")]
+            if p.returncode or not line:
+                sys.exit(
+                    f"error: the {impl} loss worker failed (exit {p.returncode}):\n"
+                    f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+                )
+            got[impl] = json.loads(line[0][5:])
+        rows.append(got)
+        m, f = got["megatron"], got["fused"]
+        print(
+            f"pair {pair + 1}: megatron peak {m['peak'] / GIB:.3f} GiB, step {m['step']:.2f} s | fused (chunk "
+            f"{f['chunk']}) peak {f['peak'] / GIB:.3f} GiB, step {f['step']:.2f} s | memory ratio "
+            f"{m['peak'] / f['peak']:.2f}x, step-time ratio fused/megatron {f['step'] / m['step']:.3f}",
+            flush=True,
+        )
+    mem = sorted(r["megatron"]["peak"] / r["fused"]["peak"] for r in rows)
+    tim = sorted(r["fused"]["step"] / r["megatron"]["step"] for r in rows)
+    T = args.micro * args.seq
+    print(
+        f"loss path, V {args.vocab:,}, D {args.hidden}, {T:,} tokens ({args.micro} x {args.seq}), {args.precision}, "
+        f"{args.steps} steps a process, {args.pairs} pairs: peak memory megatron/fused {mem[len(mem) // 2]:.2f}x "
+        f"(range {mem[0]:.2f}-{mem[-1]:.2f}); step time fused/megatron {tim[len(tim) // 2]:.3f} "
+        f"(range {tim[0]:.3f}-{tim[-1]:.3f}; < 1 is faster)"
+    )
+    return 0
 
 
 # ---------------------------------------------------------------- driver
@@ -211,6 +290,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return worker(argv[1:])
+    loss_impl = None
+    if argv[:1] == ["--loss-worker"]:
+        loss_impl, argv = argv[1], argv[2:]
     ap = argparse.ArgumentParser(
         prog="python benchmarks/bench_memory.py",
         description=__doc__.split("\n")[0],
@@ -233,8 +315,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2: the second has every state)")
     ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per case")
+    ap.add_argument("--loss", action="store_true", help="the loss path alone: fused vs megatron (see above)")
+    ap.add_argument("--pairs", type=int, default=3, help="--loss: A/B pairs of processes (default 3)")
+    ap.add_argument("--loss-chunk", type=int, default=None, help="--loss: model.loss_chunk_tokens (default auto)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides for every case")
     args = ap.parse_args(argv)
+    if loss_impl is not None:
+        print("LOSS " + json.dumps(loss_worker(loss_impl, args)), flush=True)
+        return 0
+    if args.loss:
+        return loss_bench(args)
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")

@@ -116,7 +116,16 @@ def worker(args) -> None:
     del torch
 
 
-def run_worker(tp: int, args, data: str) -> dict:
+def launch_env(cfg) -> dict:
+    """The launch's environment: ``DS_ACCELERATOR`` as ``leviathan_pretrain.train`` sets it, ``cpu`` only for a
+    CPU run (``parallel.device=cpu``, or ``auto`` without CUDA), else ``cuda``; one already set wins."""
+    from leviathan_pretrain.model.settings import resolve_device
+
+    accel = "cpu" if resolve_device(cfg.parallel.device).type == "cpu" else "cuda"
+    return dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", accel))
+
+
+def run_worker(tp: int, args, data: str, env: dict) -> dict:
     cmd = [
         sys.executable,
         str(REPO / "launchers" / "local.py"),
@@ -139,7 +148,6 @@ def run_worker(tp: int, args, data: str) -> dict:
         str(args.warmup),
         *args.overrides,
     ]
-    env = dict(os.environ, PYTHONPATH=str(REPO), DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -248,7 +256,7 @@ def main(argv=None) -> int:
         if data is None:
             need = (args.steps + args.warmup) * cfg.train.global_batch_size * (cfg.model.seq_length + 1)
             data = write_zipf_shard(str(Path(tmp) / "zipf"), cfg.model.vocab_size, int(need * 1.2) + 10000)
-        results = {tp: run_worker(tp, args, data) for tp in args.tp}
+        results = {tp: run_worker(tp, args, data, launch_env(cfg)) for tp in args.tp}
     print(
         f"\ntraining throughput, tokens/s (median of {args.steps} alternating steps after {args.warmup} warm-up; "
         f"global batch {cfg.train.global_batch_size} x seq {cfg.model.seq_length}; data: "

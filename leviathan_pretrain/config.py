@@ -81,6 +81,8 @@ class ModelConfig:
     init_method_std: float = 0.02
     make_vocab_size_divisible_by: int = 128
     attention_backend: str = "auto"  # auto | sdpa (CPU-safe) | megatron (default mcore, GPU)
+    loss_impl: str = "fused"  # fused (chunked linear + cross entropy, model/loss.py) | megatron (unfused logits)
+    loss_chunk_tokens: int | None = None  # tokens per chunk of the fused loss; None -> sizes.loss_chunk_tokens
     lev: LEVConfig = field(default_factory=LEVConfig)
     albert_dim: int | None = None  # e; None -> matched to LEV's input parameter count
     mlp_hidden: int | None = None  # hidden width of flat_mlp / factored_mlp; None -> matched
@@ -115,6 +117,16 @@ class ModelConfig:
             self.attention_backend in ("auto", "sdpa", "megatron"),
             f"{prefix}.attention_backend",
             f"must be auto, sdpa or megatron, got {self.attention_backend!r}",
+        )
+        require(
+            self.loss_impl in ("fused", "megatron"),
+            f"{prefix}.loss_impl",
+            f"must be fused or megatron, got {self.loss_impl!r}",
+        )
+        require(
+            self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
+            f"{prefix}.loss_chunk_tokens",
+            f"must be >= 1 or null (auto), got {self.loss_chunk_tokens}",
         )
         if self.variant in ("lev", "factored_mlp"):
             b = self.lev.resolved_base(self.vocab_size)

@@ -51,20 +51,22 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   (q and k after RoPE, the whole QKV output a ``v`` view keeps alive, the attention output), 4 with GQA (q
   and the expanded k, v, the output); the 5F are SwiGLU's fc1 output (2F), SiLU output, the linear half plus
   its offset and fc2's input. Each RMSNorm is torch's composite ``rms_norm`` (measured on CPU: the input and
-  the normalised input in fp32, the output in e; a fused kernel on GPU would keep less). Attention is SDPA on
-  CPU (no s^2 term) and megatron-core's unfused ``DotProductAttention`` on GPU with ``attention_backend=auto``
-  (the assumption: no Transformer Engine / flash attention), which keeps the softmax in fp32 and its cast to
-  e: ``T * a / TP * s * (4 + e)`` per layer (4 alone in fp32), plus one layer's working set ``(2 e + 4) b a
-  / TP s^2`` (megatron's global baddbmm buffer and the fp32 scores). Stage 0 adds the input layer's saved
-  tensors (LEV: four fp32 ``[n, heads / TP, d_seed]`` tensors and M ``[n, heads / TP, r]``, n = min(T, V)
-  unique ids, an upper bound), the last stage the final norm ``T (8 + e) D``; with PP > 1 each micro-batch in
-  flight also keeps its stage input and output in DeepSpeed's pipe buffers (``2 e T D``). When accumulating,
-  one more tensor: autograd's fresh gradient of the stage's largest weight (``e`` x its elements), which
-  exists next to the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No
-  dropout, no sequence parallelism, no activation recomputation (none is implemented).
-- **logits** (last stage, one micro-batch): ``T * V_pad / TP * 4`` for the fp32 softmax megatron's
-  ``vocab_parallel_cross_entropy`` keeps for backward, plus ``T * V_pad / TP * e`` for the e logits next to
-  it (bf16/fp16; in fp32 the cast is a no-op and it works in place).
+  the normalised input in fp32, the output in e; a fused kernel on GPU would keep less). Attention: SDPA
+  (``auto``, every device) has no s^2 term; ``megatron`` (``DotProductAttention``) keeps the fp32 softmax and its
+  cast to e: ``T * a / TP * s * (4 + e)`` per layer (4 alone in fp32), plus one layer's working set ``(2 e + 4) b
+  a / TP s^2`` (megatron's global baddbmm buffer and the fp32 scores). Stage 0 adds the input layer's saved
+  tensors (LEV: four fp32 ``[n, heads / TP, d_seed]`` tensors and M ``[n, heads / TP, r]``, n = min(T, V) unique
+  ids, an upper bound), the last stage the final norm ``T (8 + e) D``; with PP > 1 each micro-batch in flight
+  also keeps its stage input and output in DeepSpeed's pipe buffers (``2 e T D``). When accumulating, one more
+  tensor: autograd's fresh gradient of the stage's largest weight (``e`` x its elements), which exists next to
+  the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No dropout, no sequence
+  parallelism, no activation recomputation (none is implemented).
+- **logits** (last stage, one micro-batch; :func:`logits_bytes`): ``model.loss_impl=fused`` (model/loss.py)
+  holds one chunk of c tokens (``sizes.loss_chunk_tokens``) at a time: ``c * V_pad / TP * (4 + e)`` (the e
+  GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state gradient ``e T D`` and, for e != 4,
+  the fp32 sum of the head weight's gradient plus one chunk's e product (``(4 + e) V_pad / TP * D``).
+  ``megatron``: ``T * V_pad / TP * 4`` for the fp32 softmax ``vocab_parallel_cross_entropy`` keeps for
+  backward, plus ``T * V_pad / TP * e`` for the e logits next to it (in fp32 the cast is a no-op).
 - **buffers**: DeepSpeed's gradient buckets at its defaults (``trainer/engine.py`` sets no bucket sizes):
   ZeRO 0 flattens the gradients for the data-parallel all-reduce (``min(P, 5e8)`` elements, in the gradient
   dtype); ZeRO 1/2 keep a ``reduce_bucket_size`` = 5e8-element bucket in w (``torch.empty``: a GPU reserves
@@ -86,10 +88,10 @@ already refuses (TP not dividing the heads, ZeRO > 1 with PP > 1) is not checked
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from leviathan_pretrain.model import sizes
+from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: F401 (re-exported)
 
 GIB = 2**30
 GPU_RUNTIME_GIB = 2.0  # CUDA context + cuBLAS workspaces (~0.75 GiB) + NCCL communicators (~1.25 GiB): an allowance
@@ -205,65 +207,12 @@ def peak_total(mem: dict, in_backward: bool) -> float:
 # ---------------------------------------------------------------- pipeline stages
 
 
-def partition_balanced(weights: list[int], parts: int) -> list[int]:
-    """DeepSpeed's ``runtime.utils.partition_balanced`` (the linear-partition dynamic programme its
-    ``PipelineModule`` uses for ``partition_method="type:..."``), in pure Python: stage boundaries ``[0, ..., n]``."""
-    n, m = len(weights), parts
-    if n <= m:
-        return [min(p, n) for p in range(m + 1)]
-    inf = math.inf
-    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
-    position = [[0] * (m + 1) for _ in range(n + 1)]
-    prefix = [0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    dp_max[0][0] = dp_cost[0][0] = 0
-    for i in range(1, n + 1):
-        for j in range(1, min(i, m) + 1):
-            for k in range(i):
-                seg = prefix[i] - prefix[k]
-                hi, lo = max(dp_max[k][j - 1], seg), min(dp_min[k][j - 1], seg)
-                cost = hi - lo
-                if dp_cost[i][j] >= cost:
-                    dp_cost[i][j], dp_max[i][j], dp_min[i][j], position[i][j] = cost, hi, lo, k
-    bounds = [n]
-    for j in range(m, 0, -1):
-        bounds.append(position[bounds[-1]][j])
-    return bounds[::-1]
-
-
-def stage_layout(num_layers: int, pp: int) -> list[dict]:
-    """Per pipeline stage: ``{"blocks", "input", "final", "head"}`` for the pieces input, L blocks, final norm,
-    head (model/assembly.py), split as DeepSpeed splits them (``type:BlockPiece``)."""
-    n = num_layers + 3
-    if pp == 1:
-        bounds = [0, n]
-    else:
-        bounds = partition_balanced([0] + [1] * num_layers + [0, 0], pp)
-    out = []
-    for s in range(pp):
-        lo, hi = bounds[s], bounds[s + 1]
-        out.append(
-            {
-                "blocks": sum(1 for i in range(lo, hi) if 1 <= i <= num_layers),
-                "input": lo <= 0 < hi,
-                "final": lo <= num_layers + 1 < hi,
-                "head": lo <= num_layers + 2 < hi,
-            }
-        )
-    return out
-
-
 # ---------------------------------------------------------------- activations
 
 
 def attention_kind(m, device: str) -> str:
-    """``sdpa`` or ``megatron``, as ``model.gpt.attention_backend`` resolves ``auto`` on this device."""
-    if m.attention_backend != "auto":
-        return m.attention_backend
-    return "megatron" if device == "gpu" else "sdpa"
+    """``sdpa`` or ``megatron``, as ``model.gpt.attention_backend`` resolves it (``auto``: sdpa on every device)."""
+    return "sdpa" if m.attention_backend == "auto" else m.attention_backend
 
 
 def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str) -> float:
@@ -290,6 +239,16 @@ def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
     if v == "factored_mlp":
         return 4.0 * n * (3 * lev.seed_dim + 2 * sizes.factored_mlp_hidden(m) / tp)
     return 0.0  # tables: the output is the first layer's input (counted there)
+
+
+def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
+    """The loss path's memory for one micro-batch of ``tokens`` on the last stage (see the module doc)."""
+    v = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) // tp
+    cast = e if e != 4 else 0  # the model-dtype logits next to their fp32 copy (none in fp32)
+    if m.loss_impl == "megatron":
+        return float(tokens * v * (4 + cast))
+    c = min(tokens, sizes.loss_chunk_tokens(v, device, m.loss_chunk_tokens))
+    return float(c * v * (4 + cast) + e * tokens * m.hidden_size + (4 + e) * v * m.hidden_size * (e != 4))
 
 
 # ---------------------------------------------------------------- optimizer wrappers
@@ -365,8 +324,7 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
         act += e * largest
     if attn == "megatron" and st["blocks"]:
         act += (2 * e + 4 if e != 4 else 2 * e) * b * m.num_attention_heads / tp * s * s
-    V_pad = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
-    logits = T * V_pad / tp * (4 + (e if e != 4 else 0)) if st["head"] else 0.0
+    logits = logits_bytes(m, T, tp, e, device) if st["head"] else 0.0
     mem.update(activations=act, logits=float(logits), runtime=GPU_RUNTIME_GIB * GIB if device == "gpu" else 0.0)
     mem["total"] = peak_total(mem, buffers_in_backward(device, cfg.parallel.zero_stage, pipeline))
     return {k: float(mem[k]) for k in (*COMPONENTS, "total")}, params

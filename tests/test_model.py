@@ -12,7 +12,7 @@ import torch
 from leviathan_pretrain.config import VARIANTS, load_config
 from leviathan_pretrain.model import BuildSettings, ModelConfigError, lev_layer, sizes
 from leviathan_pretrain.model.accounting import model_flops_per_token, weight_decay_groups
-from leviathan_pretrain.model.assembly import build_model, masked_mean
+from leviathan_pretrain.model.assembly import build_model, logits_of, masked_mean
 from leviathan_pretrain.model.attention import SDPACoreAttention
 from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
@@ -154,11 +154,14 @@ def test_pp1_model_and_pipeline_are_one_assembly(world, variant, tmp_path):
     }
     assert set(files) == {k.replace("tied_modules.embed.", "0.") for k in ours}
     x, y, pos = batch(1)
-    mask = torch.ones_like(y)
+    mask = (torch.arange(S) % 3 != 0).expand(B, S).long()
     with torch.no_grad():
-        logits = pipe((x, pos))
-        assert logits.shape == (S, B, 1024)
-        assert torch.equal(pipe_loss(logits, (y, mask)), masked_mean(model(x, pos, labels=y), mask))
+        out = pipe((x, pos))  # the fused head's operands: the loss function makes the loss from them
+        assert logits_of(out).shape == (S, B, 1024)
+        assert torch.equal(logits_of(out).transpose(0, 1), model(x, pos))
+        assert torch.equal(pipe_loss(out, (y, mask)), model(x, pos, labels=y, loss_mask=mask))
+        per_token = masked_mean(model(x, pos, labels=y), mask)  # the per-token path: same loss, other sum order
+        assert abs(float(per_token) - float(pipe_loss(out, (y, mask)))) < 1e-6
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -176,12 +176,26 @@ def test_activations_scale_with_the_micro_batch_and_divide_by_tp():
         assert plan.grad_accum == 1 and not plan.problems
         return plan.memory
 
-    one, two = mem(4), mem(8)
+    one, two = mem(4, "model.loss_impl=megatron"), mem(8, "model.loss_impl=megatron")
     assert two["activations"] == pytest.approx(2 * one["activations"])
-    assert two["logits"] == pytest.approx(2 * one["logits"])
-    tp2 = mem(8, "parallel.tensor_parallel=2")
+    assert two["logits"] == pytest.approx(2 * one["logits"])  # the whole [T, V] logits
+    tp2 = mem(8, "parallel.tensor_parallel=2", "model.loss_impl=megatron")
     assert tp2["logits"] < two["logits"] / 2 * 1.01  # vocab-parallel logits (V_pad may grow by <= 128 x TP rows)
     assert two["activations"] / 2 < tp2["activations"] < two["activations"]  # norms are not divided (no SP)
+
+
+def test_fused_loss_holds_one_chunk_of_logits():
+    cfg = cfg_of("configs/200m-tied.yaml")  # micro 32 x 1024 tokens, V 200,064 (bf16)
+    fused, unfused = (
+        make_plan(cfg_of("configs/200m-tied.yaml", f"model.loss_impl={i}"), 1, 8) for i in ("fused", "megatron")
+    )
+    m, T, e = cfg.model, cfg.train.micro_batch_size * cfg.model.seq_length, 2
+    v = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
+    c = sizes.loss_chunk_tokens(v, "cuda")
+    assert fused.memory["logits"] == c * v * (4 + e) + e * T * m.hidden_size + (4 + e) * v * m.hidden_size
+    assert unfused.memory["logits"] == T * v * (4 + e)
+    assert unfused.memory["logits"] / fused.memory["logits"] > 5
+    assert fused.memory["total"] < unfused.memory["total"] - 10 * 2**30
 
 
 def test_pipeline_stages_follow_deepspeed_partitioning():
@@ -192,10 +206,30 @@ def test_pipeline_stages_follow_deepspeed_partitioning():
     cfg = cfg_of(BIG, "parallel.pipeline_parallel=4")  # ZeRO 1, accumulation 512 / 8 / 4 = 16 >= 4 stages
     plan = make_plan(cfg, 2, 8)
     assert (plan.dp, plan.grad_accum, plan.problems) == (4, 16, [])
-    assert plan.stage == 0  # 4 micro-batches in flight on stage 0
+    assert plan.stage == 3 and plan.memory["logits"] > 0  # SDPA (auto): the head's stage is the most loaded
+    scores = make_plan(cfg_of(BIG, "parallel.pipeline_parallel=4", "model.attention_backend=megatron"), 2, 8)
+    assert scores.stage == 0  # megatron's s^2 scores: 4 micro-batches in flight on stage 0
     single = make_plan(cfg_of(BIG), 16, 8)
-    assert plan.params_per_rank < single.params_per_rank / 2
-    assert plan.memory["logits"] == 0  # the head is on the last stage
+    assert scores.params_per_rank < single.params_per_rank / 2
+    assert scores.memory["logits"] == 0  # the head is on the last stage
+
+
+def test_auto_attention_is_sdpa_on_gpu_without_the_s2_scores():
+    """``attention_backend=auto`` is SDPA on a GPU too (model/gpt.py): the plan counts no s^2 term for it."""
+    from leviathan_pretrain.plan import attention_kind
+
+    m = cfg_of(BIG).model
+    assert m.attention_backend == "auto"
+    assert attention_kind(m, "gpu") == attention_kind(m, "cpu") == "sdpa"
+
+    def act(seq, backend):
+        cfg = cfg_of(BIG, f"model.seq_length={seq}", f"model.attention_backend={backend}", "train.micro_batch_size=4")
+        cfg.train.global_batch_size = 4 * 128
+        return make_plan(cfg, 16, 8).memory["activations"]
+
+    assert act(512, "auto") == act(512, "sdpa")
+    assert act(1024, "auto") == pytest.approx(2 * act(512, "auto"))  # linear in s (T = s x b), no s^2
+    assert act(1024, "megatron") > 2 * act(512, "megatron") > 2 * act(512, "auto")
 
 
 def test_cpu_plan_has_no_runtime_and_no_limit():

@@ -8,7 +8,9 @@
   training);
 - :func:`score_stream` / :func:`score_streams` — natural-log loss and greedy correctness of every target of one
   or many streams, windows batched (right-padded: the model is causal, so padding never reaches a scored
-  position).
+  position). Scored from the model's final hidden states and head weight (``GPT.head_input``) with the fused
+  loss's chunked scorer (model/loss.py ``score_tokens``): only the scored positions, a chunk of them at a time,
+  over the real ``V`` rows; no ``[batch, context, V]`` tensor.
 
 Inputs are int64 tensors or numpy arrays on any device; results are float64 / bool numpy arrays on the CPU.
 """
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from leviathan_pretrain.model.loss import score_tokens
 
 
 @dataclass(frozen=True)
@@ -98,21 +102,34 @@ def score_streams(
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for j, w in enumerate(batch):
             ids[j, : w.end - w.start] = arrays[w.stream][w.start : w.end]
-        logp = torch.log_softmax(logits_for(model, ids.to(device), vocab_size), dim=-1)  # stays on the device
-        for j, w in enumerate(batch):
-            length = w.end - w.start
-            tgt = arrays[w.stream][w.end - w.new + 1 : w.end + 1]
-            rows = logp[j, length - w.new : length]
-            nll = -rows.gather(1, tgt[:, None].to(rows.device))[:, 0].double().cpu().numpy()
-            hit = (rows.argmax(dim=-1).cpu() == tgt).numpy()
+        nll, hit = _score_batch(model, ids.to(device), batch, arrays, vocab_size)
+        lo = 0
+        for w in batch:
             sl = slice(w.end - w.new, w.end)  # target t is at index t - 1
-            out[w.stream].loss[sl] = nll
-            out[w.stream].correct[sl] = hit
+            out[w.stream].loss[sl] = nll[lo : lo + w.new]
+            out[w.stream].correct[sl] = hit[lo : lo + w.new]
+            lo += w.new
         if progress is not None:
             progress(sum(w.new for w in batch))
     if shard[1] > 1:
         _sum_over_ranks(out)
     return out
+
+
+def _score_batch(model, ids: torch.Tensor, batch: list[Window], arrays, vocab_size: int):
+    """``(nll float64, hit bool)`` numpy arrays of the scored targets of ``batch`` (window order)."""
+    b, s = ids.shape
+    pos = torch.arange(s, device=ids.device)[None].expand(b, s)
+    with torch.no_grad():
+        head = model.head_input(ids, pos)  # hidden [s, b, D], weight [V_pad, D]
+    rows, targets = [], []
+    for j, w in enumerate(batch):
+        length = w.end - w.start
+        rows.append(head.hidden[length - w.new : length, j])
+        targets.append(arrays[w.stream][w.end - w.new + 1 : w.end + 1])
+    tgt = torch.cat(targets).to(ids.device)
+    nll, hit = score_tokens(torch.cat(rows), head.weight[:vocab_size], tgt, head.chunk)
+    return nll.double().cpu().numpy(), hit.cpu().numpy()
 
 
 def _sum_over_ranks(out: list[Scores]) -> None:

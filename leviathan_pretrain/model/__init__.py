@@ -6,7 +6,7 @@ Public API (imported lazily, so ``leviathan_pretrain.model.sizes`` stays free of
   ``ModelConfigError``
 - ``model_pieces(model, build) -> [Piece]``: THE assembly (input, transformer layers, final norm, head);
   ``build_model(model, build, seed=None) -> GPT`` runs it at PP = 1 (trainer/pipe.py makes it a pipeline);
-  ``token_loss``, ``masked_mean``, ``seed_piece``
+  ``token_loss``, ``mean_loss`` (either head output, model/head.py), ``masked_mean``, ``seed_piece``
 - ``build_transformer_config``, ``build_layer_spec``, ``build_input_layer``, ``build_rotary`` (model, build)
 - ``lev_layer(module)``, ``lev_health(layer_or_model, gather=False) -> dict``
 - ``model_flops_per_token(cfg, unique_ratio=1.0) -> float``
@@ -21,7 +21,7 @@ _EXPORTS = {
     "build_model": "assembly",
     "GPT": "assembly",
     "Piece": "assembly",
-    "masked_mean": "assembly",
+    "masked_mean": "head",
     "seed_piece": "assembly",
     "LAYOUT_VERSION": "assembly",
     "build_transformer_config": "gpt",
@@ -30,7 +30,10 @@ _EXPORTS = {
     "build_rotary": "gpt",
     "padded_vocab_size": "gpt",
     "attention_backend": "gpt",
-    "token_loss": "gpt",
+    "token_loss": "head",
+    "mean_loss": "head",
+    "HeadInput": "head",
+    "LossRequest": "head",
     "lev_health": "lev",
     "lev_layer": "lev",
     "LEVInput": "lev",

@@ -10,7 +10,8 @@ unpipelined and pipelined runs", in the shape DeepSpeed's ``PipelineModule`` tak
     L + 2    OutputPiece: vocab-parallel head              output_layer.weight
              TIED: tied_head on piece 0 (no weight of its own)
 
-    loss:      token_loss(logits [s, b, V/tp], labels [b, s]) -> [b, s]; masked_mean -> scalar
+    loss:      the head given a LossRequest(hidden, labels [b, s], mask [b, s] | None) -> mean | [b, s]
+               (model/head.py: fused chunked linear + cross entropy, or megatron-core's on the logits)
 
 The same list is used two ways:
 
@@ -41,9 +42,10 @@ from leviathan_pretrain.model.gpt import (
     OutputPiece,
     build_transformer_config,
     tied_head,
-    token_loss,
 )
+from leviathan_pretrain.model.head import HeadInput, LossRequest, logits_of, masked_mean  # noqa: F401
 from leviathan_pretrain.model.settings import BuildSettings
+from leviathan_pretrain.model.tp import copy_to_tp
 
 # The state-dict layout described above. 1: megatron-core GPTModel at PP = 1 (embedding.*, decoder.layers.N.*,
 # output_layer.*) and stage classes in the pipeline; 2: the pieces. Bump when names change, so a checkpoint
@@ -94,9 +96,11 @@ def seed_piece(seed) -> None:
 class GPT(torch.nn.Module):
     """The model at PP = 1: ``pieces`` run in order.
 
-    ``forward(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=None)`` returns the per-token
-    loss ``[b, s]`` with ``labels``, else the vocab-parallel logits ``[b, s, V_pad / tp]``. The model is
-    causal: ``attention_mask`` must be ``None`` (no padding masks). With ``seed``, piece ``i`` is built after
+    ``forward(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=None, loss_mask=None)``
+    returns the mean loss over ``loss_mask`` (a scalar) with ``labels`` and ``loss_mask``, the per-token loss
+    ``[b, s]`` with ``labels`` alone, else the vocab-parallel logits ``[b, s, V_pad / tp]``. The model is
+    causal: ``attention_mask`` must be ``None`` (no padding masks). :meth:`head_input` gives the fused head's
+    operands (evaluation scores from them without the logits). With ``seed``, piece ``i`` is built after
     ``seed_piece(seed + i)``, as the pipeline builds it."""
 
     def __init__(self, pieces: list[Piece], config=None, seed: int | None = None):
@@ -122,15 +126,30 @@ class GPT(torch.nn.Module):
         """The variant's input layer (``LEVInput``, ``TableInput``, ...)."""
         return self._funcs[0].embedding
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None):
+    def _hidden(self, input_ids, position_ids):
+        x = (input_ids, position_ids)
+        for f in self._funcs[:-1]:
+            x = f(x)
+        return x
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None, loss_mask=None):
         if attention_mask is not None:
             raise ValueError("attention_mask: the model is causal and takes no padding mask; pass None")
-        x = (input_ids, position_ids)
-        for f in self._funcs:
-            x = f(x)
+        hidden = self._hidden(input_ids, position_ids)
         if labels is None:
-            return x.transpose(0, 1).contiguous()
-        return token_loss(x, labels)
+            return logits_of(self._funcs[-1](hidden)).transpose(0, 1).contiguous()
+        return self._funcs[-1](LossRequest(hidden, labels, loss_mask))
+
+    def head_input(self, input_ids, position_ids=None) -> HeadInput:
+        """The final hidden states ``[s, b, D]`` (through ``copy_to_tp``) and the head weight ``[V_pad / tp, D]``,
+        for either ``model.loss_impl``."""
+        tied = TIE_KEY in self.tied_modules
+        owner = self.tied_modules[TIE_KEY] if tied else self._funcs[-1]
+        weight = owner.table if tied else owner.output_layer.weight
+        group = owner.tp_group
+        return HeadInput(
+            copy_to_tp(self._hidden(input_ids, position_ids), group), weight, group, owner.head_options.chunk
+        )
 
 
 def build_model(model, build: BuildSettings, seed: int | None = None) -> GPT:
@@ -139,9 +158,3 @@ def build_model(model, build: BuildSettings, seed: int | None = None) -> GPT:
     ``.to(device)`` (or let DeepSpeed do it)."""
     tconfig = build_transformer_config(model, build)
     return GPT(model_pieces(model, build, tconfig), config=tconfig, seed=seed)
-
-
-def masked_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``per_token`` over the positions where ``mask`` is set (the training loss)."""
-    mask = mask.to(per_token.dtype)
-    return (per_token.float() * mask.float()).sum() / mask.float().sum().clamp(min=1.0)

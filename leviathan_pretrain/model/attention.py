@@ -4,8 +4,8 @@
   ``self_attention.submodules.core_attention`` (megatron-core's own extension point): same constructor and
   ``forward`` signature, but it calls ``torch.nn.functional.scaled_dot_product_attention`` instead of
   allocating from megatron's global CUDA memory buffer.
-- :class:`CPUSafeRotaryEmbedding` is megatron-core's ``RotaryEmbedding`` whose ``get_emb`` moves
-  ``inv_freq`` to the current CUDA device only when CUDA exists (the stock one always does).
+- :class:`CPUSafeRotaryEmbedding` is megatron-core's ``RotaryEmbedding`` on the device of the hidden states
+  it serves (the stock one always moves ``inv_freq`` to the current CUDA device).
 """
 
 from __future__ import annotations
@@ -76,12 +76,26 @@ class SDPACoreAttention(MegatronModule):
 
 
 class CPUSafeRotaryEmbedding(RotaryEmbedding):
-    """megatron-core's RoPE without the unconditional move to ``torch.cuda.current_device()``."""
+    """megatron-core's RoPE on the device of the hidden states it serves: ``rotary(seq_len, device=hidden.device)``
+    moves ``inv_freq`` there (the stock ``get_emb`` moves it to ``torch.cuda.current_device()`` whenever CUDA
+    exists, so a CPU model on a GPU node, ``parallel.device=cpu`` or ``evaluate --device cpu``, mixed devices).
+    Each instance keeps its last embedding (key: seq_len, offset, packed_seq, cp_group, device): megatron-core's
+    ``lru_cache`` on ``forward`` is class-wide (32 entries for all layers) and has no device in its key."""
+
+    _last = None  # (key, embedding)
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None, device=None):
+        """``[max_seq_len, 1, 1, dim]`` on ``device`` (``None``: where ``inv_freq`` is; the CPU as built)."""
+        if device is not None and self.inv_freq.device != torch.device(device):
+            self.inv_freq = self.inv_freq.to(device=device)
+        key = (max_seq_len, offset, packed_seq, cp_group, self.inv_freq.device)
+        if self._last is None or self._last[0] != key:
+            # megatron-core's forward without its cache: get_emb, then the context-parallel slice
+            self._last = (key, RotaryEmbedding.forward.__wrapped__(self, max_seq_len, offset, packed_seq, cp_group))
+        return self._last[1]
 
     def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
-        if self.inv_freq.device.type == "cpu" and torch.cuda.is_available():
-            self.inv_freq = self.inv_freq.to(device=torch.cuda.current_device())
-        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # on inv_freq's device, never moved to CUDA here
         if not self.rotary_interleaved:
             emb = torch.cat((freqs, freqs), dim=-1)
         else:

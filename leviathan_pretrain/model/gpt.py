@@ -16,10 +16,11 @@ every piece can be a pipeline layer:
 - :class:`InputPiece` (``embedding``: the input layer): ``(tokens [b, s], position_ids [b, s]) -> [s, b, D]``;
 - :class:`BlockPiece` (``layer``: a ``TransformerLayer`` from the spec, with its RoPE): ``[s, b, D] -> [s, b, D]``;
 - :class:`FinalNorm` (``final_layernorm``: RMSNorm): ``[s, b, D] -> [s, b, D]``;
-- :class:`OutputPiece` (``output_layer``: vocab-parallel ``ColumnParallelLinear``): ``[s, b, D] -> [s, b, V_pad/tp]``.
+- :class:`OutputPiece` (``output_layer``: vocab-parallel ``ColumnParallelLinear``): ``[s, b, D] -> [s, b, V_pad/tp]``
+  logits, or with ``model.loss_impl: fused`` the head's operands (:class:`~.head.HeadInput`); given a
+  :class:`~.head.LossRequest` it returns the loss (model/head.py).
 
-TIED has no :class:`OutputPiece`: :func:`tied_head` multiplies by the :class:`InputPiece`'s own table.
-:func:`token_loss` is megatron-core's vocab-parallel cross entropy, per token.
+TIED has no :class:`OutputPiece`: :func:`tied_head` uses the :class:`InputPiece`'s own table as the head.
 
 Seeding is the caller's. On the CPU (and with ``init_on_cpu``) megatron-core's weights are initialised from
 full master tensors (``use_cpu_initialization``), so a TP = N model starts from the TP = 1 weights; on a GPU
@@ -38,23 +39,25 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_block import LayerNormImpl
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.model.attention import CPUSafeRotaryEmbedding, SDPACoreAttention
+from leviathan_pretrain.model.head import HeadOptions, head_forward
 from leviathan_pretrain.model.inputs import AlbertInput, FactoredMLPInput, FlatMLPInput, TableInput
 from leviathan_pretrain.model.lev import LEVInput
 from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
-from leviathan_pretrain.model.tp import copy_to_tp
 
 
 def attention_backend(model, build: BuildSettings) -> str:
-    """``sdpa`` or ``megatron`` (``auto``: megatron-core's default attention on CUDA, SDPA on CPU)."""
-    backend, dev = model.attention_backend, build.torch_device
+    """``sdpa`` or ``megatron``. ``auto`` is ``sdpa`` on every device: ``is_causal`` SDPA picks torch's flash /
+    memory-efficient kernels on a GPU (no ``s x s`` scores), where megatron-core's ``DotProductAttention``
+    (``megatron``, CUDA only) keeps the full fp32 ``s x s`` softmax."""
+    backend = model.attention_backend
     if backend == "auto":
-        return "megatron" if dev.type == "cuda" else "sdpa"
-    if backend == "megatron" and dev.type != "cuda":
+        return "sdpa"
+    if backend == "megatron" and build.torch_device.type != "cuda":
         raise ModelConfigError(
             "model.attention_backend: 'megatron' (DotProductAttention) needs CUDA; use 'sdpa' or 'auto' on CPU"
         )
@@ -155,6 +158,8 @@ class InputPiece(torch.nn.Module):
         super().__init__()
         self.embedding = build_input_layer(model, build, tconfig)
         self.tp_group = build.tp_group
+        if model.variant == "tied":  # the table is also the output head (tied_head)
+            self.head_options = HeadOptions.of(model, build, padded_vocab_size(model, build) // build.tensor_parallel)
 
     def forward(self, inputs):
         tokens, position_ids = inputs
@@ -167,10 +172,11 @@ class InputPiece(torch.nn.Module):
         return self.embedding.word_embeddings.weight
 
 
-def tied_head(piece: InputPiece, hidden: torch.Tensor) -> torch.Tensor:
-    """TIED's output head: ``hidden [s, b, D] @ table^T -> logits [s, b, V_pad / tp]``; what megatron-core's
-    ``ColumnParallelLinear`` does with an external weight (identity forward / all-reduce backward over TP)."""
-    return torch.matmul(copy_to_tp(hidden, piece.tp_group), piece.table.t())
+def tied_head(piece: InputPiece, hidden):
+    """TIED's output head: ``hidden [s, b, D] @ table^T -> logits [s, b, V_pad / tp]`` (what megatron-core's
+    ``ColumnParallelLinear`` does with an external weight: identity forward / all-reduce backward over TP), or
+    the fused head's operands / a loss (:func:`~.head.head_forward`)."""
+    return head_forward(hidden, piece.table, piece.tp_group, piece.head_options)
 
 
 class BlockPiece(torch.nn.Module):
@@ -185,17 +191,20 @@ class BlockPiece(torch.nn.Module):
         self.rotary = build_rotary(model, tconfig)
 
     def forward(self, hidden):
-        out = self.layer(hidden, attention_mask=None, rotary_pos_emb=self.rotary(hidden.shape[0]))
+        rope = self.rotary(hidden.shape[0], device=hidden.device)  # RoPE where the hidden states are
+        out = self.layer(hidden, attention_mask=None, rotary_pos_emb=rope)
         return (out[0] if isinstance(out, tuple) else out).contiguous()
 
 
 class FinalNorm(torch.nn.Module):
-    """The final RMSNorm (megatron-core's ``LayerNormImpl``)."""
+    """The final RMSNorm: megatron-core's ``WrappedTorchNorm`` (``torch.nn.RMSNorm``), the class the local spec's
+    layer norms use, never ``transformer_block.LayerNormImpl``: that is TENorm with Transformer Engine, and the
+    Apex ``FusedLayerNorm`` (which refuses RMSNorm) whenever ``apex`` is importable."""
 
     def __init__(self, model, build: BuildSettings, tconfig: TransformerConfig):
         super().__init__()
         self.final_layernorm = build_module(
-            LayerNormImpl, config=tconfig, hidden_size=tconfig.hidden_size, eps=tconfig.layernorm_epsilon
+            WrappedTorchNorm, config=tconfig, hidden_size=tconfig.hidden_size, eps=tconfig.layernorm_epsilon
         )
 
     def forward(self, hidden):
@@ -207,6 +216,8 @@ class OutputPiece(MegatronModule):
 
     def __init__(self, model, build: BuildSettings, tconfig: TransformerConfig):
         super().__init__(config=tconfig)
+        self.tp_group = build.tp_group
+        self.head_options = HeadOptions.of(model, build, padded_vocab_size(model, build) // build.tensor_parallel)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             tconfig.hidden_size,
             padded_vocab_size(model, build),
@@ -219,12 +230,6 @@ class OutputPiece(MegatronModule):
         )
 
     def forward(self, hidden):
-        logits, _ = self.output_layer(hidden)
-        return logits
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token loss ``[b, s]`` from vocab-parallel ``logits [s, b, V_pad / tp]`` and ``labels [b, s]``
-    (megatron-core's ``vocab_parallel_cross_entropy``, as ``GPTModel`` computes it; in megatron-core 0.16.1 it
-    takes no process group and uses the global tensor-parallel group)."""
-    return tensor_parallel.vocab_parallel_cross_entropy(logits, labels.t().contiguous()).t().contiguous()
+        return head_forward(
+            hidden, self.output_layer.weight, self.tp_group, self.head_options, lambda h: self.output_layer(h)[0]
+        )

@@ -112,3 +112,18 @@ def param_breakdown(model, tensor_parallel: int = 1) -> dict:
     }
     out["total"] = out["input"] + out["body"] + out["head"]
     return out
+
+
+# The fused loss (model/loss.py) computes the head's logits this many bytes of fp32 logits a chunk at a time
+# (per rank: the chunk x V_pad / tp slice); set ``model.loss_chunk_tokens`` to fix the chunk instead.
+LOSS_CHUNK_BYTES = {"cuda": 512 * 2**20, "cpu": 128 * 2**20}
+LOSS_CHUNK_MIN = 64
+
+
+def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None) -> int:
+    """Tokens per chunk of the fused loss for a ``vocab_local``-wide head slice on ``device`` (``cuda``/``cpu``,
+    ``gpu`` is ``cuda``): ``override``, else as many as fit :data:`LOSS_CHUNK_BYTES` (at least 64)."""
+    if override is not None:
+        return int(override)
+    budget = LOSS_CHUNK_BYTES["cpu" if device == "cpu" else "cuda"]
+    return max(LOSS_CHUNK_MIN, budget // (4 * max(1, vocab_local)))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, build_model, masked_mean
+from leviathan_pretrain.model import BuildSettings, ModelConfigError, build_model
 from leviathan_pretrain.parallel import DeepSpeedMPU
 from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
 from leviathan_pretrain.trainer.pipe import build_pipeline
@@ -101,10 +101,8 @@ class ModelEngine(TrainEngine):
 
     def _loss(self, mb: dict) -> torch.Tensor:
         dev = self.ds.device
-        per_token = self.ds(
-            mb["tokens"].to(dev), mb["position_ids"].to(dev), attention_mask=None, labels=mb["labels"].to(dev)
-        )
-        return masked_mean(per_token, mb["loss_mask"].to(dev))
+        tokens, pos, labels, mask = (mb[k].to(dev) for k in ("tokens", "position_ids", "labels", "loss_mask"))
+        return self.ds(tokens, pos, attention_mask=None, labels=labels, loss_mask=mask)  # the mean over the mask
 
     def _mean_over_dp(self, total: torch.Tensor, n: int) -> float:
         total = total.detach().float() / n

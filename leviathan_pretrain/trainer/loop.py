@@ -33,7 +33,14 @@ from leviathan_pretrain.trainer.faults import (
     is_finite,
     stop_requested,
 )
-from leviathan_pretrain.trainer.metrics import Metrics, memory_stats, peak_flops, perplexity, throughput
+from leviathan_pretrain.trainer.metrics import (
+    Metrics,
+    check_tensorboard,
+    memory_stats,
+    peak_flops,
+    perplexity,
+    throughput,
+)
 from leviathan_pretrain.trainer.schedule import lr_at
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -98,6 +105,7 @@ class Trainer:
         self.out_dir, self.cdir = Path(t.out_dir), ckpt.checkpoint_dir(cfg)
 
         # checks before anything expensive (rank 0 checks, every rank raises the same error)
+        collective_check(check_tensorboard, cfg)
         summary = collective_check(data_summary, cfg)
         self.tok_sha = summary["tokenizer_sha256"]  # checked against the shards, recorded in checkpoints
         self.latest = collective_check(ckpt.latest_checkpoint, cfg, self.cdir)

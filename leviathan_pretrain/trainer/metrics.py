@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from leviathan_pretrain.config import ConfigError
+
 LOG_NAME = "train_log.jsonl"
 
 
@@ -48,6 +50,20 @@ def memory_stats(device: torch.device) -> dict:
             "memory/rss_gb": rss_gb(),
         }
     return {"memory/rss_gb": rss_gb()}
+
+
+def check_tensorboard(cfg) -> None:
+    """``logging.tensorboard`` needs ``torch.utils.tensorboard`` (the ``tensorboard`` package): checked at start,
+    before any model is built, so a missing or broken install fails in seconds with the fix named."""
+    if not cfg.logging.tensorboard:
+        return
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken install raises more than ImportError
+        raise ConfigError(
+            f"logging.tensorboard: TensorBoard cannot be imported ({type(e).__name__}: {e}); install it with "
+            "`pip install tensorboard==2.21.0`, or set logging.tensorboard=false"
+        ) from e
 
 
 def perplexity(loss: float) -> float:

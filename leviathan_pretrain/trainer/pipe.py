@@ -8,8 +8,8 @@ and seeds piece ``i`` from ``train.seed + i`` when building it (``seed_piece``, 
 the initial weights do not depend on the stage split. A checkpoint's ``layer_<i>-model_states.pt`` holds piece
 ``i``'s state dict (TIED: the shared table is saved with piece 0).
 
-:class:`PipeLoss` is the loss on the last stage: ``token_loss`` (vocab-parallel cross entropy) averaged over
-the loss mask.
+:class:`PipeLoss` is the loss on the last stage: ``mean_loss`` of the head's output (the fused head's operands
+or the logits, model/head.py) over the loss mask.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from __future__ import annotations
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-from leviathan_pretrain.model import BuildSettings, masked_mean, model_pieces, seed_piece, token_loss
+from leviathan_pretrain.model import BuildSettings, mean_loss, model_pieces, seed_piece
 
 
 class PipeLoss:
-    """``loss_fn(logits [s, b, V/tp], (labels [b, s], loss_mask [b, s])) -> scalar``."""
+    """``loss_fn(head output, (labels [b, s], loss_mask [b, s])) -> scalar``."""
 
-    def __call__(self, logits, targets):
+    def __call__(self, out, targets):
         labels, mask = targets
-        return masked_mean(token_loss(logits, labels), mask)
+        return mean_loss(out, labels, mask)
 
 
 def layer_specs(pieces) -> list[LayerSpec]:

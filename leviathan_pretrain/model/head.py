@@ -1,0 +1,111 @@
+"""The output head and its loss, for both ``model.loss_impl`` choices.
+
+- ``fused`` (default): the head returns :class:`HeadInput` (the hidden states through ``copy_to_tp`` and the
+  ``[V_pad / tp, D]`` weight) and the loss is :mod:`.loss`'s chunked linear + cross entropy: the
+  ``[tokens, V]`` logits never exist. ``HeadInput.logits()`` makes them where logits are asked for.
+- ``megatron``: the head returns the vocab-parallel logits ``[s, b, V_pad / tp]`` and the loss is megatron-core's
+  ``vocab_parallel_cross_entropy`` (the path before; kept as an option and as the reference in tests).
+
+:func:`head_forward` is the one head of both untied (``OutputPiece``) and TIED (``tied_head``) models. Given a
+:class:`LossRequest` it computes the loss inside the head module's own forward (ZeRO-3 gathers a module's
+weights only for its forward), per token or as the loss-mask mean. :func:`token_loss` and :func:`mean_loss`
+take either head output (the pipeline's loss function gets the last stage's output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from megatron.core import tensor_parallel
+
+from leviathan_pretrain.model import loss as fused
+from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model.tp import copy_to_tp
+
+LOSS_IMPLS = ("fused", "megatron")
+
+
+@dataclass
+class HeadInput:
+    """The fused head's operands: ``hidden [s, b, D]`` (through ``copy_to_tp``), ``weight [V_pad / tp, D]``."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    group: object
+    chunk: int
+
+    def logits(self) -> torch.Tensor:
+        """``[s, b, V_pad / tp]`` in the model dtype (what the unfused head returns)."""
+        return torch.matmul(self.hidden, self.weight.t())
+
+
+@dataclass
+class LossRequest:
+    """Ask the head for the loss of ``hidden [s, b, D]``: per token ``[b, s]`` (``mask`` None) or the mean over
+    ``mask [b, s]`` (a scalar)."""
+
+    hidden: torch.Tensor
+    labels: torch.Tensor
+    mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """What the head needs of the model config besides its weight: the loss implementation and chunk size."""
+
+    impl: str
+    chunk: int
+
+    @classmethod
+    def of(cls, model, build, vocab_local: int) -> "HeadOptions":
+        chunk = sizes.loss_chunk_tokens(vocab_local, build.torch_device.type, model.loss_chunk_tokens)
+        return cls(model.loss_impl, chunk)
+
+
+def head_forward(x, weight: torch.Tensor, group, opts: HeadOptions, unfused=None):
+    """``hidden [s, b, D]`` -> logits (``megatron``: ``unfused(hidden)``, else ``hidden @ weight^T``) or a
+    :class:`HeadInput` (``fused``); a :class:`LossRequest` -> its loss (see the module doc)."""
+    if isinstance(x, LossRequest):
+        out = head_forward(x.hidden, weight, group, opts, unfused)
+        return token_loss(out, x.labels) if x.mask is None else mean_loss(out, x.labels, x.mask)
+    if opts.impl == "fused":
+        return HeadInput(copy_to_tp(x, group), weight, group, opts.chunk)
+    if unfused is not None:
+        return unfused(x)
+    return torch.matmul(copy_to_tp(x, group), weight.t())
+
+
+def logits_of(out) -> torch.Tensor:
+    """The vocab-parallel logits ``[s, b, V_pad / tp]`` of either head output."""
+    return out.logits() if isinstance(out, HeadInput) else out
+
+
+def _flat(out: HeadInput, labels: torch.Tensor):
+    """``(hidden [s*b, D], labels [s*b])`` in the hidden states' ``[s, b]`` order."""
+    return out.hidden.reshape(-1, out.hidden.shape[-1]), labels.t().reshape(-1)
+
+
+def token_loss(out, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token loss ``[b, s]`` (fp32) of a head output and ``labels [b, s]`` (megatron-core's loss for logits;
+    in megatron-core 0.16.1 it takes no process group and uses the global tensor-parallel group)."""
+    if isinstance(out, HeadInput):
+        h, y = _flat(out, labels)
+        s, b = out.hidden.shape[:2]
+        return fused.token_loss(h, out.weight, y, out.group, out.chunk).view(s, b).t().contiguous()
+    return tensor_parallel.vocab_parallel_cross_entropy(out, labels.t().contiguous()).t().contiguous()
+
+
+def mean_loss(out, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The training loss: the mean of the per-token loss over the positions where ``mask [b, s]`` is set."""
+    if isinstance(out, HeadInput):
+        h, y = _flat(out, labels)
+        m = mask.t().reshape(-1).float()
+        return fused.mean_loss(h, out.weight, y, m / m.sum().clamp(min=1.0), out.group, out.chunk)
+    return masked_mean(token_loss(out, labels), mask)
+
+
+def masked_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``per_token`` over the positions where ``mask`` is set."""
+    mask = mask.to(per_token.dtype)
+    return (per_token.float() * mask.float()).sum() / mask.float().sum().clamp(min=1.0)
