@@ -185,7 +185,7 @@ def test_activations_scale_with_the_micro_batch_and_divide_by_tp():
 
 
 def test_fused_loss_holds_one_chunk_of_logits():
-    cfg = cfg_of("configs/200m-tied.yaml")  # micro 32 x 1024 tokens, V 200,064 (bf16)
+    cfg = cfg_of("configs/200m-tied.yaml")  # micro 32 x 512 tokens, V 200,064, bf16
     fused, unfused = (
         make_plan(cfg_of("configs/200m-tied.yaml", f"model.loss_impl={i}"), 1, 8) for i in ("fused", "megatron")
     )
