@@ -8,6 +8,7 @@ whole group is killed and :class:`RanksFailed` carries every rank's output.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -126,3 +127,25 @@ def run_ranks(
         detail = "\n".join(f"--- rank {r.rank} (rc={r.returncode}) ---\n{r.output[-6000:]}" for r in results)
         raise RanksFailed(f"{' '.join(args)}: {what}\n{detail}")
     return results
+
+
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def one_rank_world(parallel):
+    """This test process as a world of one (``init_distributed(parallel)``), with the rank variables cleared
+    for it and restored afterwards."""
+    from leviathan_pretrain.parallel import destroy_distributed, init_distributed
+
+    saved = {k: os.environ.get(k) for k in RANK_VARS}
+    for k in RANK_VARS:
+        os.environ.pop(k, None)
+    try:
+        yield init_distributed(parallel)
+    finally:
+        destroy_distributed()
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v

@@ -29,11 +29,9 @@ from leviathan_pretrain.model.gpt import (
     build_layer_spec,
     build_transformer_config,
 )
-from leviathan_pretrain.parallel import destroy_distributed, init_distributed
-from tests.multiproc import REPO, base_env
+from tests.multiproc import RANK_VARS, REPO, base_env, one_rank_world
 
 TINY = "configs/tiny-cpu-lev.yaml"
-RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def tiny(*extra):
@@ -42,16 +40,8 @@ def tiny(*extra):
 
 @pytest.fixture(scope="module")
 def world():
-    saved = {k: os.environ.get(k) for k in RANK_VARS}
-    for k in RANK_VARS:
-        os.environ.pop(k, None)
-    env = init_distributed(tiny().parallel)
-    yield env
-    destroy_distributed()
-    for k, v in saved.items():
-        os.environ.pop(k, None)
-        if v is not None:
-            os.environ[k] = v
+    with one_rank_world(tiny().parallel) as env:
+        yield env
 
 
 def run_python(*args, pythonpath: list, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -4,8 +4,6 @@ Training reduces the loss for every variant, the PP = 1 model and the DeepSpeed 
 (same state dict, same loss), parameter counts equal the closed form (real and meta-device models), id
 checks, weight-decay groups, FLOPs, model errors."""
 
-import os
-
 import pytest
 import torch
 
@@ -17,11 +15,11 @@ from leviathan_pretrain.model.attention import SDPACoreAttention
 from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.model.lev import LEVInput, lev_health
-from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
+from leviathan_pretrain.parallel import seed_everything
+from tests.multiproc import one_rank_world
 from tests.small_model import small_model_overrides
 
 B, S, V = 4, 32, 1000
-RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def small(variant, *extra):
@@ -41,16 +39,8 @@ def make(cfg, seed=None):
 
 @pytest.fixture(scope="module")
 def world():
-    saved = {k: os.environ.get(k) for k in RANK_VARS}
-    for k in RANK_VARS:
-        os.environ.pop(k, None)
-    env = init_distributed(small("lev").parallel)
-    yield env
-    destroy_distributed()
-    for k, v in saved.items():
-        os.environ.pop(k, None)
-        if v is not None:
-            os.environ[k] = v
+    with one_rank_world(small("lev").parallel) as env:
+        yield env
 
 
 def batch(seed=0, vocab=V):
