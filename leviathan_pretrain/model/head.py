@@ -23,8 +23,6 @@ from leviathan_pretrain.model import loss as fused
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.model.tp import copy_to_tp
 
-LOSS_IMPLS = ("fused", "megatron")
-
 
 @dataclass
 class HeadInput:
