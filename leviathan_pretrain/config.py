@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from leviathan_pretrain.config_parallel import ParallelConfig  # noqa: F401 - part of the schema
 from leviathan_pretrain.configlib import ConfigError, load, require, to_dict  # noqa: F401
 from leviathan_pretrain.model import sizes  # closed-form sizes only: no torch/megatron import
 
@@ -33,8 +34,10 @@ class LEVConfig:
     init_std: float = 0.02  # codebooks C and head projections W_l
     spline_init_std: float = 0.1  # S = 1 + N(0, spline_init_std^2)
     out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
-    token_chunk: int | None = None  # unique ids per chunk of the [ids, heads, d_seed, r] work; None -> auto
-    chunk_elements: int = 4_194_304  # auto chunk: elements per [ids, heads/tp, d_seed, r] work block (16 MiB fp32)
+    token_chunk: int | None = None  # unique ids per chunk of the spline work; None -> sized by chunk_mib
+    # MiB of one chunk's work buffers (sizes.lev_chunk_ids); None -> per device: 48 on CPU, 256 on CUDA
+    chunk_mib: float | None = None
+    chunk_elements: int | None = None  # legacy (before chunk_mib): ids = chunk_elements // (heads/tp*d_seed*r)
     recompute: bool = True  # recompute chunk intermediates in backward instead of storing them
 
     def resolved_base(self, vocab_size: int) -> int:
@@ -50,13 +53,21 @@ class LEVConfig:
     def validate(self, prefix: str) -> None:
         require(self.digits >= 1, f"{prefix}.digits", f"must be >= 1, got {self.digits}")
         require(self.base is None or self.base >= 2, f"{prefix}.base", f"must be >= 2, got {self.base}")
-        for name in ("seed_dim", "heads", "rank", "chunk_elements"):
+        for name in ("seed_dim", "heads", "rank"):
             v = getattr(self, name)
             require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
+        for name in ("token_chunk", "chunk_elements"):
+            v = getattr(self, name)
+            require(v is None or v >= 1, f"{prefix}.{name}", f"must be >= 1 or null (auto), got {v}")
         require(
-            self.token_chunk is None or self.token_chunk >= 1,
-            f"{prefix}.token_chunk",
-            f"must be >= 1 or null (auto), got {self.token_chunk}",
+            self.chunk_mib is None or self.chunk_mib > 0,
+            f"{prefix}.chunk_mib",
+            f"must be > 0 or null (per device), got {self.chunk_mib}",
+        )
+        require(
+            self.chunk_mib is None or self.chunk_elements is None,
+            f"{prefix}.chunk_mib",
+            "set chunk_mib or the legacy chunk_elements, not both (chunk_elements: null)",
         )
         require(
             self.knots >= 3, f"{prefix}.knots", f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}"
@@ -87,6 +98,10 @@ class ModelConfig:
     albert_dim: int | None = None  # e; None -> matched to LEV's input parameter count
     mlp_hidden: int | None = None  # hidden width of flat_mlp / factored_mlp; None -> matched
     flat_mlp_dim: int | None = None  # flat_mlp's per-token table width e; None -> matched
+    # torch.compile each transformer layer (BlockPiece.layer; not the input layer, norm or head): docs/model.md
+    compile: bool = False
+    # SwiGLU through megatron-core's fused (torch.compile'd) kernel; None -> on for CUDA, off on the CPU
+    activation_fusion: bool | None = None
 
     def resolved_ffn_hidden_size(self) -> int:
         if self.ffn_hidden_size is not None:
@@ -177,52 +192,6 @@ def tokenizer_vocab_size(path: str) -> int:
         raise ConfigError(f"data.tokenizer: {path} is not a SentencePiece model ({e})") from None
 
 
-@dataclass
-class ParallelConfig:
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    pipeline_engine: bool = False  # use DeepSpeed's pipeline engine even at pipeline_parallel=1
-    sequence_parallel: bool = False  # refused at load: not implemented end to end (see validate)
-    zero_stage: int = 1
-    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
-    precision: str = "fp32"  # fp32 | bf16 | fp16
-    device: str = "auto"  # auto | cpu | cuda
-    # True: megatron-core's layers draw their full master weights on the CPU and keep their slice (TP = N
-    # starts from exactly the TP = 1 weights; every rank then builds whole V x D tables on the CPU: slow,
-    # GBs of RAM at V = 200k). False: on the GPU, per TP shard (megatron's default). CPU runs always do the former.
-    init_on_cpu: bool = False
-    timeout_minutes: float = 10.0  # TP/PP/DP collectives of the training steps: a hung rank fails the job
-    init_timeout_minutes: float = 60.0  # the world group: start-up (data checks, index build), checkpoint barriers
-
-    def validate(self, prefix: str) -> None:
-        require(self.tensor_parallel >= 1, f"{prefix}.tensor_parallel", "must be >= 1")
-        require(self.pipeline_parallel >= 1, f"{prefix}.pipeline_parallel", "must be >= 1")
-        require(self.zero_stage in (0, 1, 2, 3), f"{prefix}.zero_stage", f"must be 0-3, got {self.zero_stage}")
-        require(
-            not ((self.pipeline_parallel > 1 or self.pipeline_engine) and self.zero_stage > 1),
-            f"{prefix}.zero_stage",
-            f"DeepSpeed's pipeline engine supports ZeRO stage <= 1; got zero_stage={self.zero_stage} "
-            f"with pipeline_parallel={self.pipeline_parallel}",
-        )
-        require(self.backend in ("auto", "nccl", "gloo"), f"{prefix}.backend", f"unknown {self.backend!r}")
-        require(self.precision in ("fp32", "bf16", "fp16"), f"{prefix}.precision", f"unknown {self.precision!r}")
-        require(self.device in ("auto", "cpu", "cuda"), f"{prefix}.device", f"unknown {self.device!r}")
-        require(self.timeout_minutes > 0, f"{prefix}.timeout_minutes", "must be > 0")
-        require(self.init_timeout_minutes > 0, f"{prefix}.init_timeout_minutes", "must be > 0")
-        require(
-            not self.sequence_parallel,
-            f"{prefix}.sequence_parallel",
-            "not supported yet: megatron-core's WrappedTorchNorm refuses sequence parallelism (it needs "
-            "Apex or Transformer Engine norms) and DeepSpeed does not all-reduce the sequence-parallel norm "
-            "gradients over the tensor-parallel group (megatron's finalize_model_grads is never called), so "
-            "the norms would train wrongly; set it to false",
-        )
-
-    @property
-    def uses_pipeline_engine(self) -> bool:
-        return self.pipeline_parallel > 1 or self.pipeline_engine
-
-
 def split_weights(split: str) -> list[float]:
     """``"969,30,1"`` (or ``969/30/1``) -> ``[969.0, 30.0, 1.0]``; raises ValueError when malformed."""
     nums = [float(p) for p in split.replace("/", ",").split(",")]
@@ -285,6 +254,9 @@ class OptimConfig:
     clip_grad: float = 1.0  # global gradient-norm clip; 0 disables
     loss_scale: float = 0.0  # fp16 only: 0 = dynamic loss scaling, else a static scale
     initial_loss_scale_power: int = 16  # fp16 dynamic scaling starts at 2**this
+    # torch AdamW kernel: null = fused on CUDA, single-tensor (foreach=false) on CPU as before; true/false force
+    # it (torch's fused AdamW also runs on CPU)
+    fused: bool | None = None
 
     def validate(self, prefix: str) -> None:
         require(self.lr > 0, f"{prefix}.lr", "must be > 0")

@@ -22,29 +22,30 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   megatron-core shards them (the padded vocabulary, ``sizes.padded_vocab_size``); norms, LEV's codebooks and
   the other replicated input-layer pieces in full; LEV's per-head parts divided by TP (lev-spec). TIED with
   PP > 1 holds its table on the first and the last stage (DeepSpeed's ``TiedLayerSpec``). Bytes per parameter
-  follow the optimizer wrapper DeepSpeed picks for our config (``engine.deepspeed_config`` sets no
-  ``data_types``, so gradients accumulate in the model dtype), read from the installed DeepSpeed 0.19.8:
+  follow the optimizer wrapper DeepSpeed 0.19.8 picks for ``engine.deepspeed_config`` (a = 4 where bf16
+  gradients accumulate in fp32, ``parallel.grad_accum_dtype`` auto at ZeRO >= 1 without the pipeline, else w):
 
   ========================================  =======  ===========  ============  =========================
   case (w = 2 for bf16/fp16, 4 for fp32)    weights  gradients    optimizer     step temporaries
   ========================================  =======  ===========  ============  =========================
   fp32, ZeRO 0 (our AdamW, no wrapper)      4        4            8 (m, v)      16 x largest tensor
   bf16/fp16, ZeRO 0 (FP16_UnfusedOptimizer) 2        2            12            4 (fp32 grads) + 8 x lt.
-  bf16, ZeRO 0, pipeline (BF16_Optimizer)   2        2 + 2 (acc)  12 / DP       12 / DP
+  bf16, ZeRO 1, a = 4 (BF16_Optimizer)      2        2 + 4 (acc)  12 / DP       8 / DP
   ZeRO 1 (DeepSpeedZeroOptimizer)           w        w            12 / DP       12 / DP
-  ZeRO 2                                    w        w / DP       12 / DP       12 / DP
-  ZeRO 3                                    w / DP   w / DP       12 / DP       12 / DP
+  ZeRO 2                                    w        a / DP       12 / DP       12 / DP
+  ZeRO 3                                    w / DP   a / DP       12 / DP       12 / DP
   ========================================  =======  ===========  ============  =========================
 
-  12 = fp32 master weights + Adam m + v (the ZeRO paper's K = 12); DeepSpeed keeps the fp32 master copy also
-  for an fp32 model under ZeRO >= 1. Step temporaries: the fp32 gradients the wrappers make before
-  ``optimizer.step`` (FP16_UnfusedOptimizer: of every parameter; ZeRO and BF16_Optimizer: the flat fp32
-  partition, 4 / DP; ZeRO's flattened w partition is freed once cast) and torch AdamW's ``sqrt``/divide
+  12 = fp32 master weights + Adam m + v (the ZeRO paper's K = 12), also for an fp32 model under ZeRO >= 1.
+  BF16_Optimizer keeps every bf16 ``.grad`` (zeroed, never freed) and the whole accumulator. Step temporaries:
+  the fp32 gradients made before ``optimizer.step`` (FP16_UnfusedOptimizer: of every parameter; ZeRO: the flat
+  fp32 partition, 4 / DP; BF16_Optimizer's fp32 accumulator is used in place) and torch AdamW's
   temporaries, 8 B per element of the tensor it works on (the whole flat partition under ZeRO, else the
   largest tensor); our fp32 clipping squares each gradient in float64 (16 B x the largest tensor). Gradients
   are counted as held through forward and backward, which they are from the second micro-batch of an
   accumulation on (at accumulation 1 they are mostly allocated as backward frees activations: the estimate
-  is high by up to the gradients there); they are freed after the step (ZeRO 0 and 1 alike, measured).
+  is high by up to the gradients there); they are freed after the step (ZeRO 0 and 1 alike, measured),
+  except BF16_Optimizer's.
 - **activations** (per micro-batch, times the micro-batches in flight on that stage: ``min(PP - stage,
   accumulation)`` for DeepSpeed's 1F1B, 1 at PP = 1), e = activation bytes (2 bf16/fp16, 4 fp32), T = s x b
   tokens, per transformer layer: ``T * (2 (8 + e) D + e (A D + 5 F) / TP)``, A = 6 with multi-head attention
@@ -67,11 +68,12 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   the fp32 sum of the head weight's gradient plus one chunk's e product (``(4 + e) V_pad / TP * D``).
   ``megatron``: ``T * V_pad / TP * 4`` for the fp32 softmax ``vocab_parallel_cross_entropy`` keeps for
   backward, plus ``T * V_pad / TP * e`` for the e logits next to it (in fp32 the cast is a no-op).
-- **buffers**: DeepSpeed's gradient buckets at its defaults (``trainer/engine.py`` sets no bucket sizes):
-  ZeRO 0 flattens the gradients for the data-parallel all-reduce (``min(P, 5e8)`` elements, in the gradient
-  dtype); ZeRO 1/2 keep a ``reduce_bucket_size`` = 5e8-element bucket in w (``torch.empty``: a GPU reserves
-  all of it, a CPU only touches ``min(5e8, P)``); ZeRO 3 adds the 5e7-element prefetch bucket. No separate
-  all-gather buffer (stage 1/2 gather into the flat weights in place).
+- **buffers**: DeepSpeed's gradient buckets, B = ``parallel.reduce_bucket_elements`` (5e8): ZeRO 0 flattens the
+  gradients for the all-reduce (``min(P, 5e8)`` elements in the gradient dtype); BF16_Optimizer
+  casts its fp32 accumulator to bf16 for the all-reduce (2P), below 5e8 elements after flattening all groups
+  into one fp32 bucket (+4P); ZeRO 1/2 keep a B-element bucket in w, two with ``overlap_comm`` (on by default on
+  GPU; ``torch.empty``: a GPU reserves all of it, a CPU only touches ``min(B, P)``); ZeRO 3 adds the 5e7-element
+  prefetch bucket. No separate all-gather buffer (stage 1/2 gather into the flat weights in place).
 - **runtime**: a fixed :data:`GPU_RUNTIME_GIB` on GPU (CUDA context, cuBLAS workspaces, NCCL communicators'
   buffers; an allowance, not a measurement), 0 on CPU.
 
@@ -95,7 +97,7 @@ from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: 
 
 GIB = 2**30
 GPU_RUNTIME_GIB = 2.0  # CUDA context + cuBLAS workspaces (~0.75 GiB) + NCCL communicators (~1.25 GiB): an allowance
-DS_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's reduce_bucket_size / allgather_bucket_size / fallback all-reduce
+DS_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's fallback all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE)
 DS_PREFETCH_ELEMENTS = 50_000_000  # ZeRO-3 stage3_prefetch_bucket_size default
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step", "runtime")
@@ -255,25 +257,25 @@ def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
 
 
 def optimizer_wrapper(cfg) -> str:
-    """The optimizer DeepSpeed 0.19.8 wraps ours in for this config (``engine._do_optimizer_sanity_check``
-    with no ``data_types``: gradient accumulation in the model dtype)."""
+    """The optimizer DeepSpeed 0.19.8 wraps ours in for this config (``engine._do_optimizer_sanity_check``)."""
     p = cfg.parallel
+    fp32_acc = p.precision == "bf16" and p.resolved_grad_accum_dtype == "fp32"
     if p.zero_stage == 3:
         return "DeepSpeedZeroOptimizer_Stage3"
+    if p.zero_stage == 1 and fp32_acc:  # never with the pipeline engine (refused at config load)
+        return "BF16_Optimizer"
     if p.zero_stage in (1, 2):
         return "DeepSpeedZeroOptimizer"
-    if p.precision == "fp32":
-        return "AdamW (no wrapper)"
-    if p.precision == "bf16" and p.uses_pipeline_engine:
-        return "BF16_Optimizer"
-    return "FP16_UnfusedOptimizer"
+    return "AdamW (no wrapper)" if p.precision == "fp32" else "FP16_UnfusedOptimizer"
 
 
 def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[str, float]:
     """``parameters``, ``gradients``, ``optimizer``, ``buffers``, ``step`` bytes for ``params`` parameters on
     one rank (see the module doc's table)."""
-    w, z, kind = BYTES[cfg.parallel.precision], cfg.parallel.zero_stage, optimizer_wrapper(cfg)
-    P = float(params)
+    pc = cfg.parallel
+    w, z, kind = BYTES[pc.precision], pc.zero_stage, optimizer_wrapper(cfg)
+    a = 4 if pc.precision == "bf16" and pc.resolved_grad_accum_dtype == "fp32" else w
+    P, B = float(params), pc.reduce_bucket_elements
 
     def bucket(elements: int) -> float:  # torch.empty: the GPU reserves it all, a CPU only touches what is written
         return elements * w if device == "gpu" else min(elements, params) * w
@@ -285,15 +287,16 @@ def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[st
         out = dict(parameters=2 * P, gradients=2 * P, optimizer=12 * P, step=4 * P + 8.0 * largest)
         out["buffers"] = 2.0 * min(P, DS_BUCKET_ELEMENTS)
     elif kind == "BF16_Optimizer":
-        out = dict(parameters=2 * P, gradients=4 * P, optimizer=12 * P / dp, step=12 * P / dp)
-        out["buffers"] = 2.0 * min(P, DS_BUCKET_ELEMENTS)
+        out = dict(parameters=2 * P, gradients=6 * P, optimizer=12 * P / dp, step=8 * P / dp)
+        out["buffers"] = 2 * P + 4 * P * (P < DS_BUCKET_ELEMENTS)
     else:
+        overlap = z in (1, 2) and pc.resolved_overlap_comm(device == "gpu")
         out = dict(
             parameters=w * P / (dp if z == 3 else 1),
-            gradients=w * P / (dp if z >= 2 else 1),
+            gradients=(a * P / dp) if z >= 2 else w * P,
             optimizer=12 * P / dp,
             step=12 * P / dp,
-            buffers=bucket(DS_BUCKET_ELEMENTS) + (bucket(DS_PREFETCH_ELEMENTS) if z == 3 else 0.0),
+            buffers=bucket(B) * (2 if overlap else 1) + (bucket(DS_PREFETCH_ELEMENTS) if z == 3 else 0.0),
         )
     return out
 

@@ -155,13 +155,48 @@ def test_zero_stages_partition_what_they_should():
     assert z3["parameters"] == z2["parameters"] / dp
     assert z0["optimizer"] == 12 * P  # FP16_UnfusedOptimizer: fp32 master + Adam m + v, not partitioned
     assert z1["optimizer"] == z0["optimizer"] / dp == z2["optimizer"] == z3["optimizer"]
-    assert z1["gradients"] == z0["gradients"] == 2 * P
-    assert z2["gradients"] == z1["gradients"] / dp == z3["gradients"]
+    assert z0["gradients"] == 2 * P  # ZeRO 0: bf16 accumulation (DeepSpeed has no fp32 path there)
+    assert z1["gradients"] == 6 * P  # BF16_Optimizer: every bf16 .grad + the whole fp32 accumulator
+    assert z2["gradients"] == 4 * P / dp == z3["gradients"]  # fp32 gradient partitions
+    assert [plans[z].optimizer for z in range(4)] == [
+        "FP16_UnfusedOptimizer",
+        "BF16_Optimizer",
+        "DeepSpeedZeroOptimizer",
+        "DeepSpeedZeroOptimizer_Stage3",
+    ]
+    assert z1["step"] == 8 * P / dp  # the fp32 accumulator is stepped in place: AdamW's temporaries only
+    assert z1["buffers"] == 2 * P  # its bf16 copy for the all-reduce (P > 5e8: one bucket per group)
     assert z0["activations"] == z1["activations"] == z2["activations"] == z3["activations"]
     fp32 = {z: make_plan(cfg_of(TINY, f"parallel.zero_stage={z}"), 1, 4, device="cpu") for z in (0, 1)}
     Q = fp32[0].params_per_rank
     assert fp32[0].memory["optimizer"] == 8 * Q  # plain AdamW: m + v only
     assert fp32[1].memory["optimizer"] == 12 * Q / 4  # DeepSpeed keeps an fp32 master copy under ZeRO >= 1
+
+
+def test_bf16_accumulation_keeps_the_old_wrappers():
+    bf16 = {
+        z: make_plan(cfg_of(BIG, "parallel.grad_accum_dtype=bf16", f"parallel.zero_stage={z}"), 8, 8).memory
+        for z in (1, 2)
+    }
+    P = make_plan(cfg_of(BIG, "parallel.zero_stage=1"), 8, 8).params_per_rank
+    assert bf16[1]["gradients"] == 2 * P and bf16[2]["gradients"] == 2 * P / 64
+    plan = make_plan(cfg_of(BIG, "parallel.grad_accum_dtype=bf16", "parallel.zero_stage=1"), 8, 8)
+    assert plan.optimizer == "DeepSpeedZeroOptimizer"
+    pipe = make_plan(cfg_of(BIG, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"), 8, 8)
+    assert pipe.optimizer == "DeepSpeedZeroOptimizer" and pipe.memory["gradients"] == 2 * pipe.params_per_rank
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_buffers_follow_the_bucket_size_and_overlap_comm(zero):
+    def buffers(device, *o):
+        over = ("parallel.precision=fp32", f"parallel.zero_stage={zero}", *o)
+        return make_plan(cfg_of(BIG, *over), 8, 8, device=device, mem_limit_gb=None).memory["buffers"]
+
+    assert buffers("gpu") == 2 * 500_000_000 * 4  # overlap_comm on GPU: two fp32 reduce buckets
+    assert buffers("gpu", "parallel.overlap_comm=false") == 500_000_000 * 4
+    assert buffers("gpu", "parallel.reduce_bucket_elements=2e8") == 2 * 200_000_000 * 4
+    P = make_plan(cfg_of(BIG, "parallel.precision=fp32", f"parallel.zero_stage={zero}"), 8, 8).params_per_rank
+    assert buffers("cpu") == min(P, 500_000_000) * 4  # CPU: one bucket (no overlap), only its written pages
 
 
 # ---------------------------------------------------------------- activations and pipeline stages

@@ -30,7 +30,25 @@ from leviathan_pretrain.trainer.safe_io import install_safe_engine
 from leviathan_pretrain.trainer.schedule import lr_at, param_groups
 
 
-def deepspeed_config(cfg: Config, dp: int, own_clipping: bool) -> dict:
+def zero_config(cfg: Config, cuda: bool) -> dict:
+    """DeepSpeed's ``zero_optimization`` section: the stage, explicit bucket sizes (``parallel.*_bucket_elements``,
+    DeepSpeed's 5e8 defaults unless set) and, for ZeRO 1/2, ``overlap_comm`` (``parallel.overlap_comm``; null:
+    on CUDA only) with contiguous gradients. ZeRO 3 keeps DeepSpeed's own ``overlap_comm`` default unless set."""
+    p = cfg.parallel
+    zero = {
+        "stage": p.zero_stage,
+        "reduce_bucket_size": p.reduce_bucket_elements,
+        "allgather_bucket_size": p.allgather_bucket_elements,
+    }
+    if p.zero_stage in (1, 2):
+        zero.update(overlap_comm=p.resolved_overlap_comm(cuda), contiguous_gradients=True)
+    elif p.zero_stage == 3 and p.overlap_comm is not None:
+        zero["overlap_comm"] = p.overlap_comm
+    return zero
+
+
+def deepspeed_config(cfg: Config, dp: int, own_clipping: bool, cuda: bool = False) -> dict:
+    """The DeepSpeed config of this run; ``cuda``: whether it runs on GPUs (``overlap_comm``'s default)."""
     t, o, p = cfg.train, cfg.optim, cfg.parallel
     gas = t.global_batch_size // (t.micro_batch_size * dp)
     ds = {
@@ -38,7 +56,7 @@ def deepspeed_config(cfg: Config, dp: int, own_clipping: bool) -> dict:
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": 0.0 if own_clipping else o.clip_grad,
-        "zero_optimization": {"stage": p.zero_stage},
+        "zero_optimization": zero_config(cfg, cuda),
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
@@ -53,14 +71,22 @@ def deepspeed_config(cfg: Config, dp: int, own_clipping: bool) -> dict:
         },
         "checkpoint": {"tag_validation": "FAIL"},
     }
+    if p.precision == "bf16":  # fp32: BF16_Optimizer at ZeRO 1 (never the pipeline engine), fp32 partitions at 2/3
+        ds["data_types"] = {"grad_accum_dtype": p.resolved_grad_accum_dtype}
     return ds
 
 
-def build_optimizer(module: torch.nn.Module, cfg: Config, own_clipping: bool):
+def adamw_kernel(cfg: Config, cuda: bool) -> dict:
+    """torch AdamW's implementation flags: ``optim.fused`` (null: fused on CUDA, where it is one kernel per
+    group instead of a dozen per tensor; single-tensor on CPU). DeepSpeed's ZeRO and BF16 wrappers step it on
+    their flat fp32 partitions either way."""
+    fused = cuda if cfg.optim.fused is None else cfg.optim.fused
+    return {"fused": fused, "foreach": False}
+
+
+def build_optimizer(module: torch.nn.Module, cfg: Config, own_clipping: bool, cuda: bool = False):
     o = cfg.optim
-    # The single-tensor AdamW on every device: ZeRO hands it one flat tensor per group anyway, and CPU
-    # tests then cover exactly the code a GPU run uses.
-    kw = dict(lr=lr_at(0, o, cfg.train.steps), betas=(o.beta1, o.beta2), eps=o.eps, foreach=False)
+    kw = dict(lr=lr_at(0, o, cfg.train.steps), betas=(o.beta1, o.beta2), eps=o.eps, **adamw_kernel(cfg, cuda))
     groups = param_groups(module, cfg)
     for g in groups:
         if "lr_mult" in g:
@@ -75,10 +101,12 @@ class TrainEngine:
 
     def __init__(self, ds, cfg: Config, dp_group):
         self.ds, self.cfg, self.dp_group = ds, cfg, dp_group
+        self.kernel = adamw_kernel(cfg, ds.device.type == "cuda")
 
     def set_lr(self, lr: float) -> None:
         for g in self.ds.optimizer.param_groups:
             g["lr"] = lr * g.get("lr_mult", 1.0)  # optim.lev_lr_mult on LEV's own parameters
+            g.update(self.kernel)  # loading a checkpoint restores its groups' own fused/foreach flags
 
     def grad_norm(self) -> float | None:
         n = self.ds.get_global_grad_norm()
@@ -191,16 +219,17 @@ def build_engine(cfg: Config, device: torch.device) -> TrainEngine:
     """Build the model (or pipeline), its AdamW and the DeepSpeed engine; collective."""
     dp = ps.get_data_parallel_world_size()
     own_clipping = cfg.parallel.zero_stage == 0 and cfg.parallel.precision == "fp32"
-    ds_config = deepspeed_config(cfg, dp, own_clipping)
+    cuda = device.type == "cuda"
+    ds_config = deepspeed_config(cfg, dp, own_clipping, cuda)
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
     if cfg.parallel.uses_pipeline_engine:
         module, loss_fn = build_module(cfg, device, dp)
-        opt = build_optimizer(module, cfg, own_clipping)
+        opt = build_optimizer(module, cfg, own_clipping, cuda)
         ds, *_ = deepspeed.initialize(model=module, optimizer=opt, config=ds_config, dist_init_required=False)
         eng = PipeEngine(ds, cfg, ps.get_data_parallel_group(), loss_fn)
     else:
         module = build_module(cfg, device, dp)
-        opt = build_optimizer(module, cfg, own_clipping)
+        opt = build_optimizer(module, cfg, own_clipping, cuda)
         ds, *_ = deepspeed.initialize(
             model=module, optimizer=opt, config=ds_config, mpu=DeepSpeedMPU(), dist_init_required=False
         )
