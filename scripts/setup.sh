@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Debian packages, a virtual environment in .venv, pinned Python packages,
 # the project in editable mode. Safe to re-run; does nothing that is already done.
-#   scripts/setup.sh          runtime + test requirements
-#   scripts/setup.sh --runtime  runtime requirements only
+#   scripts/setup.sh               runtime + test requirements
+#   scripts/setup.sh --runtime     runtime requirements only
+#   scripts/setup.sh --keep-torch  keep the torch the venv already has (a cluster's CUDA build): every
+#                                  other pin is installed, torch is never replaced (README, "On a GPU cluster")
+# Environment: PYTHON (the interpreter for a new venv), LEVIATHAN_VENV (the venv; default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REQ=requirements-test.txt
-[ "${1:-}" = "--runtime" ] && REQ=requirements.txt
+KEEP_TORCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --runtime) REQ=requirements.txt ;;
+    --keep-torch) KEEP_TORCH=1 ;;
+    -h|--help) sed -n '2,8p' "$0" | cut -c3-; exit 0 ;;
+    *) echo "error: unknown option $arg (scripts/setup.sh [--runtime] [--keep-torch])" >&2; exit 2 ;;
+  esac
+done
+VENV="${LEVIATHAN_VENV:-.venv}"
+TORCH_MIN="2.11"  # the oldest torch a run was checked on (the GPU check's 2.11; CI runs the pinned 2.13.0)
 
 # Debian packages: Open MPI (mpi4py, multi-node preprocessing); the Python docs and the GCIDE
 # dictionary (the multi-source test corpus, see data_prep/make_corpus.py); SLURM and munge (the tests start a
@@ -31,16 +44,76 @@ PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
   for c in python3.11 python3; do command -v "$c" >/dev/null && { PYTHON="$c"; break; }; done
 fi
-[ -d .venv ] || { echo "[setup] creating .venv with $PYTHON"; "$PYTHON" -m venv .venv; }
+if [ ! -d "$VENV" ]; then
+  if [ "$KEEP_TORCH" = 1 ]; then
+    echo "error: --keep-torch keeps the torch of an existing venv, and $VENV does not exist. Create it first:" >&2
+    echo "  python3 -m venv --system-site-packages $VENV   (a torch from the site's module/conda is then visible), or" >&2
+    echo "  python3 -m venv $VENV && $VENV/bin/pip install torch==<version> --index-url <your CUDA wheel index>" >&2
+    exit 2
+  fi
+  echo "[setup] creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+# megatron-core 0.16.1 publishes compiled wheels (its dataset helpers) for CPython 3.10-3.13 only
+# (x86_64 and aarch64, glibc >= 2.28): refuse another Python before pip builds from source and fails late.
+"$PY" -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))' || {
+  echo "error: $VENV has Python $("$PY" -c 'import platform; print(platform.python_version())'); megatron-core 0.16.1" \
+    "has wheels for CPython 3.10-3.13 only: recreate the venv with PYTHON=python3.12 (or 3.10-3.13)" >&2
+  exit 2
+}
 
-stamp=".venv/.setup-$(cat requirements.txt requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)-$(basename $REQ .txt)"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+pip_install() {  # pip's output is shown only on failure (less the find-links notice this machine's pip.conf causes)
+  if ! "$PY" -m pip install -q --disable-pip-version-check "$@" >"$WORK/pip.log" 2>&1; then
+    grep -v "is ignored" "$WORK/pip.log" | tail -40 >&2
+    echo "[setup] error: pip install $* failed (above)" >&2
+    exit 1
+  fi
+  grep -v "is ignored" "$WORK/pip.log" || true
+}
+
+REQ_FILE="$REQ"
+KEPT=""
+if [ "$KEEP_TORCH" = 1 ]; then
+  KEPT="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" || {
+    echo "error: --keep-torch: no torch is importable in $VENV. Install your CUDA build of torch into it first" \
+      "($VENV/bin/pip install torch==<version> --index-url <your CUDA wheel index>), or recreate it with" \
+      "--system-site-packages to see the site's torch; or run without --keep-torch for the pinned torch 2.13.0" >&2
+    exit 2
+  }
+  "$PY" - "$KEPT" "$TORCH_MIN" <<'PY' || exit 2
+import sys
+have, need = (tuple(int(x) for x in v.split("+")[0].split(".")[:2]) for v in sys.argv[1:3])
+if have < need:
+    sys.exit(f"error: --keep-torch: torch {sys.argv[1]} is older than {sys.argv[2]}, the oldest torch this stack"
+             f" was run on (CI: the pinned 2.13.0); install torch >= {sys.argv[2]} into the venv")
+PY
+  # The pins less torch's, and a constraint holding torch at the installed build: pip fails (naming the
+  # package that wants another torch) instead of replacing it.
+  grep -v -E '^torch([=<>!~ ]|$)' requirements.txt >"$WORK/requirements.txt"
+  cp requirements-test.txt "$WORK/requirements-test.txt"
+  echo "torch==$KEPT" >"$WORK/keep-torch.txt"
+  REQ_FILE="$WORK/$REQ"
+  set -- -c "$WORK/keep-torch.txt"
+else
+  set --
+fi
+
+mode="$(basename "$REQ" .txt)${KEPT:+-keep-torch-$KEPT}"
+stamp="$VENV/.setup-$(cat requirements.txt requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)-$mode"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing Python packages from $REQ"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$REQ" 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -c "import torch, megatron.core, deepspeed, sentencepiece, mpi4py" 2>/dev/null \
+  echo "[setup] installing Python packages from $REQ${KEPT:+ (keeping torch $KEPT)}"
+  pip_install -r "$REQ_FILE" "$@"
+  pip_install --no-deps --no-build-isolation -e .
+  "$PY" -c "import torch, megatron.core, deepspeed, sentencepiece, mpi4py" 2>/dev/null \
     || { echo "[setup] import check failed" >&2; exit 1; }
-  rm -f .venv/.setup-*
+  if [ -n "$KEPT" ]; then
+    now="$("$PY" -c 'import torch; print(torch.__version__)')"
+    [ "$now" = "$KEPT" ] || { echo "[setup] error: torch changed from $KEPT to $now" >&2; exit 1; }
+  fi
+  rm -f "$VENV"/.setup-*
   touch "$stamp"
 fi
-echo "[setup] ok: $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import torch;print(torch.__version__)' 2>/dev/null)"
+echo "[setup] ok: $("$PY" --version), torch $("$PY" -c 'import torch; print(torch.__version__, "(CUDA available)" if torch.cuda.is_available() else "")' 2>/dev/null)${KEPT:+ (kept)}"
