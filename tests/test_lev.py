@@ -14,7 +14,7 @@ from leviathan_pretrain.model import BuildSettings
 from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.model.lev import LEVInput, lev_health
-from leviathan_pretrain.model.spline import auto_chunk, dense_basis, spline_product
+from leviathan_pretrain.model.spline import dense_basis, spline_product
 from tests.lev_reference import lev_reference_from_layer, quadratic_bspline_basis
 
 KNOTS = st.integers(min_value=3, max_value=24)
@@ -105,11 +105,6 @@ def test_spline_product_gradcheck():
     u = (0.05 + 0.9 * torch.rand(5, 2, 3, generator=g, dtype=torch.float64)).requires_grad_()
     S = (1 + 0.2 * torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64)).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b: spline_product(a, b, 1e-9, 2, True), (u, S))
-
-
-def test_auto_chunk_bounds_the_block():
-    assert auto_chunk(8, 128, 64, 2**22) == 64
-    assert auto_chunk(8, 128, 64, 10) == 1
 
 
 # -- the LEV layer against the readable reference -------------------------------------------------------

@@ -1,8 +1,10 @@
 """launchers/local.py: rank variables, failure of one rank stops the rest, exit code propagation, and the
 GPU check script's CPU dry mode (benchmarks/gpu_check.sh --dry)."""
 
+import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,17 +47,39 @@ def test_nothing_to_run_is_a_usage_error():
 
 @pytest.mark.multiproc
 def test_gpu_check_dry_run(tmp_path):
-    """The GPU check's own steps (synthetic shard, bf16 training of TIED and LEV, the summary) on CPU."""
-    env = base_env({"OUT": str(tmp_path / "gc"), "STEPS": "4"})
+    """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry): the synthetic shard, bf16 training
+    of TIED and LEV, bench_step.py's stack vs Hugging Face comparison, the probe, the summary files in OUT (its
+    own earlier output, marked, is replaced). A scale without configs fails its own sections, each recorded, and
+    loses none of the other scale's numbers."""
+    out = tmp_path / "gc"
+    out.mkdir()
+    (out / ".gpu_check-output").touch()
+    (out / "old.log").write_text("an earlier check's")
+    env = base_env({"OUT": str(out), "STEPS": "4", "SCALES": "tiny-cpu nosuch"})
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines() if line.startswith(str(tmp_path))}
-    assert set(rows) == {"tied", "lev"}
-    assert all(float(r[2].replace(",", "")) > 0 and r[4] == "n/a" for r in rows.values())  # no MFU on a CPU
-    assert "LEV/TIED tokens/s:" in proc.stdout
-    assert "bf16" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == [".gpu_check-output", "gpu_check.log", "summary.json", "summary.md"]
+    summary = json.loads((out / "summary.json").read_text())
+    runs = {Path(r["run"]).name: r for r in summary["runs"]}
+    assert set(runs) == {"tiny-cpu-tied", "tiny-cpu-lev", "nosuch-tied", "nosuch-lev"}
+    for name in ("tiny-cpu-tied", "tiny-cpu-lev"):
+        r = runs[name]
+        assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gib"] > 0 and r["plan_gib"] > 0, r
+    assert "error" in runs["nosuch-tied"] and "error" in runs["nosuch-lev"]
+    states = {name: state for name, state, _ in summary["sections"]}
+    assert [states[k] for k in ("shard", "tiny-cpu-tied", "tiny-cpu-lev", "step-tiny-cpu", "probe-tiny-cpu-lev")] == [
+        "ok"
+    ] * 5, states
+    assert states["nosuch-tied"].startswith("failed") and states["step-nosuch"].startswith("failed"), states
+    assert states["variant"] == "skipped (dry)"
+    (step,) = [r for r in summary["results"] if "median_s" in r]
+    assert step["precision"] == "bf16" and step["tokens_per_s"]["ref"] > 0 and step["ratio_pairs"] > 0
+    assert step["ref_attention"] == "sdpa"
+    assert [r["device"] for r in summary["results"] if "syncs" in r] == ["cpu"]
+    assert "configs/nosuch-tied.yaml" in (out / "gpu_check.log").read_text()  # the failure's own words, not hidden
+    assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout
 
 
 def test_demo_fresh_and_gpu_check_never_delete_a_directory_they_did_not_create(tmp_path):

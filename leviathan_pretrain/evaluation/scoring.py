@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from leviathan_pretrain.model.inputs import check_token_ids
 from leviathan_pretrain.model.loss import score_tokens
 
 
@@ -89,6 +90,8 @@ def score_streams(
     it with the same streams), so every rank returns all scores; ``progress(n)`` is called with the number of
     targets this rank scored after each batch."""
     arrays = [torch.as_tensor(np.asarray(s), dtype=torch.long) for s in streams]
+    for a in arrays:  # on the host: a readable TokenIdError (on a GPU the model's own check cannot name the id)
+        check_token_ids(a, vocab_size)
     plan = [w for i, a in enumerate(arrays) for w in windows(len(a), context, stride, i)]
     plan = plan[shard[0] :: shard[1]]
     out = [

@@ -64,6 +64,34 @@ def attention_backend(model, build: BuildSettings) -> str:
     return backend
 
 
+def activation_fusion(model, build: BuildSettings) -> bool:
+    """``model.activation_fusion`` resolved: ``None`` (auto) is on for CUDA, off on the CPU. On, SwiGLU runs
+    through megatron-core's ``bias_swiglu_impl`` (no bias here: its ``SwiGLUFunction``, a ``torch.compile``'d
+    forward and hand-written backward that saves only the fc1 output)."""
+    fused = model.activation_fusion
+    if fused is None:
+        fused = build.torch_device.type == "cuda"
+    if fused:
+        needs_compiler("model.activation_fusion", build)
+    return bool(fused)
+
+
+def needs_compiler(key: str, build: BuildSettings) -> None:
+    """``torch.compile`` (inductor) on the CPU builds C++ kernels: refuse at build, not at the first step,
+    when no C++ compiler is found (on a GPU inductor writes Triton kernels)."""
+    if build.torch_device.type == "cuda":
+        return
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()  # inductor's own search (CXX, else g++), run once per process
+    except Exception as e:  # noqa: BLE001 - InvalidCxxCompiler and whatever the search raises
+        raise ModelConfigError(
+            f"{key}: torch.compile on the CPU needs a C++ compiler (inductor found none: {type(e).__name__}; "
+            "install g++ or set CXX)"
+        ) from None
+
+
 def padded_vocab_size(model, build: BuildSettings) -> int:
     return sizes.padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, build.tensor_parallel)
 
@@ -102,7 +130,7 @@ def build_transformer_config(model, build: BuildSettings) -> TransformerConfig:
         pipeline_model_parallel_size=1,
         sequence_parallel=build.sequence_parallel,
         cuda_graph_scope=[],
-        bias_activation_fusion=False,
+        bias_activation_fusion=activation_fusion(m, build),
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
@@ -112,16 +140,35 @@ def build_transformer_config(model, build: BuildSettings) -> TransformerConfig:
     )
 
 
+class GroupRowParallelLinear(tensor_parallel.RowParallelLinear):
+    """megatron-core's ``RowParallelLinear`` handing its own ``tp_group`` to the linear function instead of
+    ``None``. Same computation (the row-parallel linear has no input-gradient all-reduce, the group is unused
+    there), but without megatron's "tp_group is None" ``DeprecationWarning`` on rank 0 at every call, which
+    ``torch.compile`` cannot trace: it split each compiled layer into ~10 graphs. Used with ``model.compile``."""
+
+    def _forward_impl(self, input, weight, *args, **kwargs):
+        if kwargs.get("tp_group", self.tp_group) is None:
+            kwargs["tp_group"] = self.tp_group
+        return super()._forward_impl(input, weight, *args, **kwargs)
+
+
+def _replace(spec, path: str, module):
+    """``spec`` with ``submodules.<a>.submodules.<b>...`` (``path`` = ``a.b``) set to ``module``."""
+    head, _, rest = path.partition(".")
+    sub = module if not rest else _replace(getattr(spec.submodules, head), rest, module)
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **{head: sub}))
+
+
 def build_layer_spec(model, build: BuildSettings) -> ModuleSpec:
     """``ModuleSpec`` of one ``TransformerLayer`` (megatron-core's local spec, RMSNorm); on the ``sdpa``
-    backend its ``self_attention.submodules.core_attention`` is :class:`SDPACoreAttention`."""
+    backend its ``self_attention.submodules.core_attention`` is :class:`SDPACoreAttention`; with
+    ``model.compile`` its two row-parallel linears are :class:`GroupRowParallelLinear`."""
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if attention_backend(model, build) == "sdpa":
-        attn = spec.submodules.self_attention
-        attn = dataclasses.replace(
-            attn, submodules=dataclasses.replace(attn.submodules, core_attention=SDPACoreAttention)
-        )
-        spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=attn))
+        spec = _replace(spec, "self_attention.core_attention", SDPACoreAttention)
+    if model.compile:
+        spec = _replace(spec, "self_attention.linear_proj", GroupRowParallelLinear)
+        spec = _replace(spec, "mlp.linear_fc2", GroupRowParallelLinear)
     return spec
 
 
@@ -179,6 +226,14 @@ def tied_head(piece: InputPiece, hidden):
     return head_forward(hidden, piece.table, piece.tp_group, piece.head_options)
 
 
+def compile_layer(layer: torch.nn.Module, build: BuildSettings) -> None:
+    """``model.compile``: ``layer.compile()`` (torchtitan's per-block ``torch.compile``), in place: the
+    module, its parameters, state-dict keys and the hooks DeepSpeed puts on it and its children stay as they
+    are; only its ``__call__`` runs through dynamo. Compiled on the first forward (per input shape)."""
+    needs_compiler("model.compile", build)
+    layer.compile()
+
+
 class BlockPiece(torch.nn.Module):
     """One ``TransformerLayer`` (``build_module(spec, config, layer_number, pg_collection)``) with its RoPE."""
 
@@ -189,6 +244,8 @@ class BlockPiece(torch.nn.Module):
             build_layer_spec(model, build), config=tconfig, layer_number=layer_number, pg_collection=pgs
         )
         self.rotary = build_rotary(model, tconfig)
+        if model.compile:  # the layer alone: RoPE's per-instance cache stays eager (see compile_layer)
+            compile_layer(self.layer, build)
 
     def forward(self, hidden):
         rope = self.rotary(hidden.shape[0], device=hidden.device)  # RoPE where the hidden states are

@@ -12,7 +12,9 @@
   The MLPs shard their hidden layer over TP like LEV shards its heads. :class:`~.lev.LEVInput` lives in lev.py.
 
 Token ids outside ``[0, vocab_size)`` raise :class:`TokenIdError` (never a silent wrap-around or the
-zero row a vocab-parallel table would give).
+zero row a vocab-parallel table would give); on an accelerator the layers check without a host
+synchronisation (:func:`check_token_ids`). Host synchronisations per micro-batch: none for the tables, one for
+the unique-id layers (``torch.unique``'s output size; docs/model.md, "LEV on a GPU").
 """
 
 from __future__ import annotations
@@ -44,20 +46,34 @@ class TokenIdError(ValueError):
     """A token id is outside ``[0, model.vocab_size)``."""
 
 
+def reads_are_free(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values on the host costs no device synchronisation (it is in host memory)."""
+    return t.device.type == "cpu"
+
+
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """Raise :class:`TokenIdError` naming the offending id unless every id is in ``[0, vocab_size)``."""
+    """Raise :class:`TokenIdError` naming the offending id unless every id is in ``[0, vocab_size)``.
+
+    Host tensors (the data loader's, a CPU model's) are checked on the host. On an accelerator reading the
+    range back would stop the host until the device's queue drains, every micro-batch: there the check is a
+    ``torch._assert_async`` (no host synchronisation; an out-of-range id stops the run with a device-side
+    assertion, never a silent wrong row, but CUDA reports no message). The trainer and evaluation check their
+    ids while they are still host tensors (``trainer.data.Batches``, ``evaluation.scoring``), so a bad id in the
+    data still raises the readable :class:`TokenIdError` first."""
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
     if input_ids.numel() == 0:
         return
     lo, hi = torch.aminmax(input_ids)
+    why = (
+        f"outside [0, {vocab_size}) (model.vocab_size={vocab_size}); the data's tokenizer and model.vocab_size disagree"
+    )
+    if not reads_are_free(input_ids):
+        torch._assert_async((lo >= 0) & (hi < vocab_size), f"a token id is {why}")
+        return
     lo, hi = int(lo), int(hi)
     if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise TokenIdError(
-            f"token id {bad} is outside [0, {vocab_size}) (model.vocab_size={vocab_size}); "
-            "the data's tokenizer and model.vocab_size disagree"
-        )
+        raise TokenIdError(f"token id {lo if lo < 0 else hi} is {why}")
 
 
 class TableInput(LanguageModelEmbedding):
@@ -116,6 +132,9 @@ class UniqueIdInput(MegatronModule):
         if self.lookup_table is not None:
             x = F.embedding(input_ids.t(), self.lookup_table)
             return self._finish(x, partial=False, indexed=True)
+        # The one host synchronisation of the step's input path on an accelerator: the number of unique ids
+        # (data-dependent) sizes the rows and the chunk loop. Sync-free alternatives compute rows for a fixed
+        # bound (every token: T / unique ~ 3-6x LEV's work); see docs/model.md, "LEV on a GPU".
         uniq, inverse = torch.unique(input_ids, return_inverse=True)
         self.last_unique_ratio = uniq.numel() / max(1, input_ids.numel())
         rows = self.compute_rows(uniq, record=True)

@@ -26,9 +26,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from leviathan_pretrain.model import sizes
 from leviathan_pretrain.model.inputs import DigitCodebooks, UniqueIdInput
 from leviathan_pretrain.model.settings import ModelConfigError, group_rank, group_size
-from leviathan_pretrain.model.spline import auto_chunk, spline_product
+from leviathan_pretrain.model.spline import spline_product
 from leviathan_pretrain.model.tp import all_gather_dim0, const_init, copy_to_tp, normal_init, sharded_param
 
 HEALTH_SAMPLE = 256  # unique ids kept from the last forward for lev_health()
@@ -68,8 +69,14 @@ class LEVInput(UniqueIdInput):
         self.out_proj = sharded_param([h, r, D], 0, normal_init(out_std), dtype, tp_group)
         for p in (self.ln_weight, self.ln_bias, self.spline_delta):
             p.no_weight_decay = True  # LN affine and the spline values (not regularised by the spec)
-        self.chunk = lev.token_chunk or auto_chunk(self.heads_local, d, r, lev.chunk_elements)
         self._health = None
+
+    def chunk_for(self, device) -> int:
+        """Unique ids per chunk of the spline product on ``device`` (a ``torch.device`` or its type):
+        :func:`~.sizes.lev_chunk_ids`, i.e. ``model.lev.token_chunk`` or the device's work-memory budget. Resolved
+        where the work runs (a model built on the CPU and moved to a GPU, as evaluation does, gets the GPU's)."""
+        kind = device.type if isinstance(device, torch.device) else str(device)
+        return sizes.lev_chunk_ids(self.lev, self.heads_local, kind)
 
     # -- the function -----------------------------------------------------------------------------
     def spline_inputs(self, ids: torch.Tensor) -> torch.Tensor:
@@ -85,7 +92,8 @@ class LEVInput(UniqueIdInput):
     def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
         """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
         u = self.spline_inputs(ids)
-        M = spline_product(u, 1.0 + self.spline_delta.float(), self.lev.log_eps, self.chunk, self.lev.recompute)
+        S = 1.0 + self.spline_delta.float()
+        M = spline_product(u, S, self.lev.log_eps, self.chunk_for(u.device), self.lev.recompute)
         if record:
             with torch.no_grad():
                 edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))

@@ -127,3 +127,36 @@ def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None
         return int(override)
     budget = LOSS_CHUNK_BYTES["cpu" if device == "cpu" else "cuda"]
     return max(LOSS_CHUNK_MIN, budget // (4 * max(1, vocab_local)))
+
+
+# LEV's spline product (model/spline.py) walks the unique ids of a micro-batch this many bytes of work buffers
+# at a time (per rank: heads / tp heads); ``model.lev.chunk_mib`` sets the budget, ``model.lev.token_chunk`` the
+# chunk itself. CPU: 48 MiB = 64 ids at the spec's defaults (h 8, d_seed 128, kappa 16, r 64), cache-friendly
+# blocks. CUDA: few enough chunks (launch overhead: ~100 small kernels a chunk) with big enough kernels.
+LEV_CHUNK_BYTES = {"cuda": 256 * 2**20, "cpu": 48 * 2**20}
+LEV_COORD_BYTES = 128  # per (id, head, coordinate): the basis's and its derivative's temporaries (measured 68-78)
+
+
+def lev_chunk_bytes_per_id(heads_local: int, seed_dim: int, knots: int, rank: int) -> int:
+    """Peak work bytes of one unique id in a chunk of the spline product: its backward (which recomputes ``phi``)
+    holds, per (head, coordinate) pair, two fp32 ``[r]`` rows (``phi`` and ``dL/dphi``), two fp32 ``[kappa]`` rows
+    (the basis matrix and ``dL/dphi S^T``) and :data:`LEV_COORD_BYTES` of element-wise temporaries (knot indices,
+    3 weights and their gradients, int64 neighbour indices, ...); the forward holds less (measured on CPU:
+    backward 708 B per pair at the spec's defaults vs 768 counted, forward 552)."""
+    return heads_local * seed_dim * (8 * rank + 8 * knots + LEV_COORD_BYTES)
+
+
+def lev_chunk_ids(lev, heads_local: int, device: str) -> int:
+    """Unique ids per chunk of LEV's spline product on ``device`` (``cuda``/``cpu``; any other is ``cuda``):
+    ``lev.token_chunk``; else the legacy ``lev.chunk_elements // (heads_local * d_seed * r)``; else as many as
+    fit ``lev.chunk_mib`` MiB (null: :data:`LEV_CHUNK_BYTES` of the device) by :func:`lev_chunk_bytes_per_id`.
+    At least 1."""
+    if lev.token_chunk is not None:
+        return int(lev.token_chunk)
+    if lev.chunk_elements is not None:
+        return max(1, lev.chunk_elements // max(1, heads_local * lev.seed_dim * lev.rank))
+    if lev.chunk_mib is not None:
+        budget = lev.chunk_mib * 2**20
+    else:
+        budget = LEV_CHUNK_BYTES["cpu" if device == "cpu" else "cuda"]
+    return max(1, int(budget // lev_chunk_bytes_per_id(heads_local, lev.seed_dim, lev.knots, lev.rank)))

@@ -17,7 +17,8 @@ Efficiency (the ``[n, h, d, r]`` intermediate is the memory hot spot):
 - **Chunks + recompute.** :class:`SplineProduct` walks the ids in chunks and keeps only ``u``, ``S`` and
   the small output ``M`` for backward; backward recomputes each chunk's ``phi``. Peak extra memory is two
   reused ``[h*d, chunk, r]`` blocks plus the basis matrix and ``dphi S^T`` (``kappa / r`` of a block
-  each) whatever n is.
+  each) and a few element-wise temporaries per (head, coordinate), whatever n is: the chunk is sized from a
+  per-device byte budget by :func:`~.sizes.lev_chunk_ids` (``sizes.lev_chunk_bytes_per_id`` counts these).
 
 :func:`spline_product` picks the recomputing function or plain chunked autograd (``recompute=False``).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["basis_weights", "dense_basis", "spline_product", "SplineProduct", "auto_chunk"]
+__all__ = ["basis_weights", "dense_basis", "spline_product", "SplineProduct"]
 
 
 def basis_weights(u: torch.Tensor, knots: int):
@@ -63,11 +64,6 @@ def dense_basis(u: torch.Tensor, knots: int) -> torch.Tensor:
     """The full ``[..., kappa]`` basis matrix (3 non-zeros per row); for tests, health checks and plots."""
     c, w, _ = basis_weights(u, knots)
     return _basis_matrix(c, w, knots)[0]
-
-
-def auto_chunk(heads: int, seed_dim: int, rank: int, chunk_elements: int) -> int:
-    """Token ids per chunk so one ``[chunk, heads, seed_dim, rank]`` block holds <= chunk_elements."""
-    return max(1, chunk_elements // max(1, heads * seed_dim * rank))
 
 
 class _Blocks:

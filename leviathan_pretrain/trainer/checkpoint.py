@@ -207,7 +207,7 @@ def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
 # ---- resume rules ----
 
 # Model settings that change speed or memory but not the weights: a run may resume with other values.
-RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_elements", "lev.recompute"}
+RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_mib", "lev.chunk_elements", "lev.recompute"}
 
 
 def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:

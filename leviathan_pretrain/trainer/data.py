@@ -386,16 +386,25 @@ def build_datasets(cfg: Config, eod: int, needs_data: bool):
 class Batches:
     """This rank's micro-batches of a global batch, by sample position (see the module docstring)."""
 
-    def __init__(self, dataset, micro_batch: int, dp_size: int, dp_rank: int, global_batch: int):
+    def __init__(
+        self, dataset, micro_batch: int, dp_size: int, dp_rank: int, global_batch: int, vocab_size: int | None = None
+    ):
         self.ds, self.m, self.dp, self.r, self.g = dataset, micro_batch, dp_size, dp_rank, global_batch
         self.gas = global_batch // (micro_batch * dp_size)
+        self.vocab_size = vocab_size  # given: every micro-batch's ids are checked here, on the host
 
     def micro_batch(self, start: int) -> dict[str, torch.Tensor]:
         samples = [self.ds[i] for i in range(start, start + self.m)]
-        return {
+        mb = {
             k: torch.stack([torch.as_tensor(s[k]) for s in samples])
             for k in ("tokens", "labels", "loss_mask", "position_ids")
         }
+        if self.vocab_size is not None:  # the readable TokenIdError before the ids reach a GPU (model/inputs.py)
+            from leviathan_pretrain.model.inputs import check_token_ids
+
+            check_token_ids(mb["tokens"], self.vocab_size)
+            check_token_ids(mb["labels"], self.vocab_size)
+        return mb
 
     def global_batch(self, consumed: int) -> list[dict[str, torch.Tensor]]:
         """The ``gas`` micro-batches of this rank for the global batch starting at sample ``consumed``."""

@@ -130,12 +130,12 @@ class Trainer:
         self.eng = build_engine(cfg, self.denv.device)
         train_ds, valid_ds = build_datasets(cfg, summary["eod_id"], self.eng.needs_data)
         self.train_batches = (
-            Batches(train_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size)
+            Batches(train_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size)
             if self.eng.needs_data
             else None
         )
         self.valid_batches = (
-            Batches(valid_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size)
+            Batches(valid_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size)
             if self.eng.needs_data and valid_ds is not None
             else None
         )
