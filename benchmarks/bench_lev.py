@@ -13,7 +13,7 @@
 (b) peak memory of the LEV layer's forward + backward for 16k tokens (V=50,257, D=1,024, spec defaults)
     against the same layer done naively (tests/lev_reference.py: per token, dense basis, no unique ids, no
     chunking) and against a dense ``V x D`` table. Each case runs in a fresh subprocess and reports
-    ``ru_maxrss`` (peak resident set) minus the resident set just before the forward (parameters, inputs
+    ``VmHWM`` (peak resident set) minus the resident set just before the forward (parameters, inputs
     and imports excluded; PyTorch's CPU allocator returns large blocks to the OS, so RSS tracks live tensors).
     The naive layer needs ~1.3 MB per token: it is measured at 1k / 2k tokens and extrapolated linearly to
     16k (flagged), since 16k tokens would need ~20 GiB on this 24 GiB shared machine.
@@ -24,7 +24,10 @@
 Token ids are drawn from a Zipf(1) distribution over a random permutation of the vocabulary (text-like:
 many repeats), seeded; the number of unique ids is printed.
 
-    python benchmarks/bench_lev.py [--reps 21] [--mem-reps 2] [--only a,b,c]
+    python benchmarks/bench_lev.py [--reps 21] [--mem-reps 2] [--only a,b,c] [--chunk-mib MIB]
+
+``--chunk-mib`` sets ``model.lev.chunk_mib`` (the spline product's work memory per chunk; default: the
+device's, 48 MiB on the CPU) for every LEV case.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 MEM_V, MEM_D, MEM_TOKENS = 50257, 1024, 16384
 NAIVE_POINTS = (1024, 2048)
+LEV_OVERRIDES: list[str] = []  # extra model.lev.* overrides for every LEV case (--chunk-mib)
 
 
 def zipf_ids(shape, vocab: int, seed: int):
@@ -55,6 +58,12 @@ def zipf_ids(shape, vocab: int, seed: int):
     p = 1.0 / (np.arange(vocab) + 2.7)
     ids = rng.permutation(vocab)[rng.choice(vocab, size=shape, p=p / p.sum())]
     return torch.from_numpy(ids).long()
+
+
+def vm_hwm_bytes() -> int:
+    """This process's peak resident set (``ru_maxrss`` would also remember the parent's, from before exec)."""
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
 
 
 def rss_bytes() -> int:
@@ -75,9 +84,10 @@ def bench_step_time(reps: int, threads: int) -> dict:
 
     cases = {
         "tied": load_config(REPO / "configs/tiny-cpu-tied.yaml"),
-        "lev": load_config(REPO / "configs/tiny-cpu-lev.yaml"),
+        "lev": load_config(REPO / "configs/tiny-cpu-lev.yaml", LEV_OVERRIDES),
         "lev(spec d128 h8 r64)": load_config(
-            REPO / "configs/tiny-cpu-lev.yaml", ["model.lev.seed_dim=128", "model.lev.heads=8", "model.lev.rank=64"]
+            REPO / "configs/tiny-cpu-lev.yaml",
+            ["model.lev.seed_dim=128", "model.lev.heads=8", "model.lev.rank=64", *LEV_OVERRIDES],
         ),
     }
     cfg = cases["tied"]
@@ -180,6 +190,7 @@ def _lev_layer():
             "model.num_attention_heads=16",
             "parallel.device=cpu",
             "parallel.precision=fp32",
+            *LEV_OVERRIDES,
         ],
     )
     torch.manual_seed(0)
@@ -215,7 +226,7 @@ def memory_case(case: str, tokens: int) -> dict:
     out = fn()
     (out.reshape(tokens, MEM_D) * w).sum().backward()
     elapsed, cpu = time.perf_counter() - t, time.process_time() - c
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = vm_hwm_bytes()
     return {
         "case": case,
         "tokens": tokens,
@@ -230,7 +241,7 @@ def memory_case(case: str, tokens: int) -> dict:
 def run_memory_case(case: str, tokens: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, __file__, "--_mem", case, "--_tokens", str(tokens)],
+        [sys.executable, __file__, "--_mem", case, "--_tokens", str(tokens), *chunk_args()],
         env=env,
         capture_output=True,
         text=True,
@@ -239,6 +250,11 @@ def run_memory_case(case: str, tokens: int) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"memory case {case}@{tokens} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def chunk_args() -> list[str]:
+    """``--chunk-mib`` again for a memory-case subprocess."""
+    return [f"--chunk-mib={o.split('=', 1)[1]}" for o in LEV_OVERRIDES if o.startswith("model.lev.chunk_mib=")]
 
 
 def bench_memory(reps: int) -> dict:
@@ -330,7 +346,7 @@ def report_a(r):
 def report_b(r):
     print(
         f"(b) peak memory of forward + backward, V={MEM_V}, D={MEM_D}, LEV spec defaults "
-        f"(ru_maxrss - RSS before the forward, fresh 1-thread process per case, median of reps)"
+        f"(VmHWM - RSS before the forward, fresh 1-thread process per case, median of reps)"
     )
     lev, uni, dense = r[f"lev@{MEM_TOKENS}"], r[f"uniform@{MEM_TOKENS}"], r[f"dense@{MEM_TOKENS}"]
     naive = r["naive@16384(extrapolated)"]
@@ -390,9 +406,12 @@ def main():
     ap.add_argument("--mem-reps", type=int, default=2)
     ap.add_argument("--only", default="a,b,c")
     ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--chunk-mib", type=float, help="model.lev.chunk_mib for every LEV case (default: per device)")
     ap.add_argument("--_mem", help=argparse.SUPPRESS)
     ap.add_argument("--_tokens", type=int, default=MEM_TOKENS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.chunk_mib is not None:
+        LEV_OVERRIDES.append(f"model.lev.chunk_mib={args.chunk_mib}")
     if args._mem:
         print(json.dumps(memory_case(args._mem, args._tokens)))
         return

@@ -65,13 +65,17 @@ PY="$VENV/bin/python"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-pip_install() {  # pip's output is shown only on failure (less the find-links notice this machine's pip.conf causes)
-  if ! "$PY" -m pip install -q --disable-pip-version-check "$@" >"$WORK/pip.log" 2>&1; then
+pip_install() {  # quiet; on failure pip's output (less this machine's find-links notice), one retry, then exit 1
+  local try
+  for try in 1 2; do
+    if "$PY" -m pip install -q --disable-pip-version-check "$@" >"$WORK/pip.log" 2>&1; then
+      grep -v "is ignored" "$WORK/pip.log" || true
+      return 0
+    fi
     grep -v "is ignored" "$WORK/pip.log" | tail -40 >&2
-    echo "[setup] error: pip install $* failed (above)" >&2
-    exit 1
-  fi
-  grep -v "is ignored" "$WORK/pip.log" || true
+    echo "[setup] pip install $* failed (above)$([ $try = 1 ] && echo '; retrying once')" >&2
+  done
+  exit 1
 }
 
 REQ_FILE="$REQ"
