@@ -178,15 +178,6 @@ class ModelConfig:
                     "the extra ids are never seen (set them equal unless that is intended)",
                     stacklevel=2,
                 )
-        if self.compile and parallel.zero_stage == 3:
-            import warnings
-
-            warnings.warn(
-                f"{prefix}.compile with parallel.zero_stage=3 trains correctly, but DeepSpeed's ZeRO-3 parameter "
-                "hooks on every submodule split each compiled layer into ~7 graphs (measured on CPU: steps 2x "
-                "slower than eager); prefer zero_stage <= 2 with model.compile (docs/model.md)",
-                stacklevel=2,
-            )
 
 
 def tokenizer_vocab_size(path: str) -> int:
