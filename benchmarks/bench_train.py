@@ -284,7 +284,8 @@ def report_md(rows: list[dict], attached: dict) -> str:
                 f"{_pct(r['mfu'])} | {r['final_loss']:.4f} | {_gib(r['peak_gib'])} | {_gib(r['plan_gib'])} |"
             )
     out += [f"\nLEV/TIED tokens/s ({g or 'all'}): {x:.3f}" for g, x in lev_tied_ratios(rows).items()]
-    steps = [r for r in attached.get("results", []) if "median_s" in r]
+    results = attached.get("results", [])
+    steps = [r["step"] for r in results if "median_s" in r.get("step", {})]
     if steps:
         out += [
             "",
@@ -302,7 +303,11 @@ def report_md(rows: list[dict], attached: dict) -> str:
             )
             for k, ph in r.get("phases_s", {}).items():
                 out.append(f"\n{r['config']} {k}: " + ", ".join(f"{p} {v * 1e3:.1f} ms" for p, v in ph.items()))
-    for r in (r for r in attached.get("results", []) if "syncs" in r):
+    failed = [(k, r[k]) for r in results for k in ("step", "probe") if "error" in r.get(k, {})]
+    if failed:
+        out += ["", "## bench_step.py parts that failed (whole tracebacks in gpu_check.log)", ""]
+        out += [f"- {k} {r['config']}: {r['error'].strip().splitlines()[-1]}" for k, r in failed]
+    for r in (r["probe"] for r in results if "syncs" in r.get("probe", {})):
         n = sum(r["syncs"].values())
         out += ["", f"## Host syncs in one step of {r['config']} ({r['device']}): {n}", ""]
         out += [f"- {c} x {where}" for where, c in sorted(r["syncs"].items(), key=lambda kv: -kv[1])[:15]]

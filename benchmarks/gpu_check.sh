@@ -4,7 +4,8 @@
 #     TFLOP/s, MFU, peak memory (torch.cuda.max_memory_allocated) vs plan.py's estimate;
 #   - the stack vs bare PyTorch of the same shape (benchmarks/bench_step.py: build_engine + train_step against HF
 #     LlamaForCausalLM, SDPA, bf16, fused AdamW, the same micro-batches), as a ratio;
-#   - the LEV input path's host syncs and a profile of one 400M LEV step (bench_step.py --probe);
+#   - the LEV input path's host syncs and a profile of one 400M LEV step (bench_step.py --probe-config);
+#   - LEV's input layer alone (benchmarks/profile_lev_gpu.py, when present: chunk budget, the sync's cost);
 #   - a variant with the GPU-only options model.compile=true model.activation_fusion=true (400M LEV; skipped,
 #     and logged, when this checkout does not know a key).
 # Never part of CI or of a test's numbers (the test runs --dry only, for the script's logic).
@@ -21,7 +22,8 @@
 #   bash benchmarks/gpu_check.sh --dry    CPU, tiny shapes, .venv's python: the same sections, to check the script
 #
 # Each section is time-boxed (`timeout`), its whole output goes to the log, and a failed or timed-out section is
-# recorded without losing the others; once BUDGET seconds are spent the rest are skipped, and say so.
+# recorded without losing the others; once BUDGET seconds are spent the rest are skipped, and say so. Exit status
+# 1 when a section failed or timed out (the summary says which), 2 on a usage / OUT error.
 # Environment: OUT, BUDGET (450; dry 600), SCALES ("400m 1.2b"; dry "tiny-cpu"), STEPS (per run: 20 at 400M,
 # 12 at 1.2B; dry 6), EXTRA (more key=value overrides for every run), KEEP_WORK.
 set -uo pipefail
@@ -47,6 +49,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")  # ours alone: created here
 [ -n "${KEEP_WORK:-}" ] || trap 'rm -rf "$WORK"' EXIT
 : > "$LOG"
 T0=$SECONDS
+echo "gpu_check.sh $* | $(date -u +%FT%TZ) | $(git rev-parse --short HEAD 2>/dev/null || echo 'no git') | $(hostname)" >> "$LOG"
 export PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
   PY=python3; [ -x .venv/bin/python ] && PY="$PWD/.venv/bin/python"
@@ -121,7 +124,7 @@ if [ "$DRY" = 0 ]; then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'error: no CUDA GPU (use --dry on CPU)')" ||
     exit 1
 fi
-section install 90 bash -c install || { say "error: the packages do not import; nothing else can run"; }
+section install 90 bash -c install || say "error: the packages do not import (see the log); the sections that need them will fail"
 
 # ---- per-scale settings: micro-batch, global batch (accumulation 4), steps
 plan_scale() {  # plan_scale SCALE -> MICRO GLOBAL STEPS WARMUP SHAPE[]
@@ -165,25 +168,29 @@ train() {  # train NAME CONFIG [overrides...]: one trainer run into $WORK/NAME (
   rm -rf "$WORK/$name/checkpoints"  # the final checkpoint (GBs at 1.2B): ours, and not needed
 }
 
-# ---- 3. per scale: TIED and LEV through the trainer, then ours vs bare PyTorch
+# ---- 3. per scale: TIED and LEV through the trainer, then ours vs bare PyTorch (+ the probe at the first scale)
 for SCALE in $SCALES; do
   plan_scale "$SCALE"
   common
   CAP=$([ "$SCALE" = 1.2b ] && echo 150 || echo 120)
   train "$SCALE-tied" "configs/$SCALE-tied.yaml" "$CAP"
   train "$SCALE-lev" "configs/$SCALE-lev.yaml" "$CAP"
+  PROBE=()  # the LEV input path (first scale): host syncs and a profile of one step, in the same process
+  [ "$SCALE" = "$FIRST" ] && PROBE=(--probe-config "configs/$SCALE-lev.yaml")
   ATTACH+=("$WORK/step-$SCALE.json")
-  section "step-$SCALE" 100 "$PY" benchmarks/bench_step.py --config "configs/$SCALE-tied.yaml" --pairs "${PAIRS:-6}" \
-    --warmup 2 --breakdown --breakdown-pairs 2 --json "$WORK/step-$SCALE.json" "${COMMON[@]}"
+  section "step-$SCALE" 120 "$PY" benchmarks/bench_step.py --config "configs/$SCALE-tied.yaml" --pairs "${PAIRS:-6}" \
+    --warmup 2 --breakdown --breakdown-pairs 2 "${PROBE[@]}" --json "$WORK/step-$SCALE.json" "${COMMON[@]}"
 done
 
-# ---- 4. the LEV input path: host syncs and a profile of one step (first scale, one micro-batch)
-plan_scale "$FIRST"
-GLOBAL=$MICRO
-common
-ATTACH+=("$WORK/probe.json")
-section "probe-$FIRST-lev" 60 "$PY" benchmarks/bench_step.py --probe --config "configs/$FIRST-lev.yaml" --warmup 2 \
-  --json "$WORK/probe.json" "${COMMON[@]}"
+# ---- 4. LEV's input layer alone (benchmarks/profile_lev_gpu.py, another helper's: chunk budget, the sync's cost)
+if [ ! -f benchmarks/profile_lev_gpu.py ]; then
+  printf 'lev-input\tskipped (no profile_lev_gpu.py)\t0\n' >> "$WORK/sections.tsv"
+elif [ "$DRY" = 1 ]; then
+  say "lev-input: dry: not run (GPU shapes; its own --device cpu smoke test is its author's)"
+  printf 'lev-input\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
+else
+  section lev-input 60 "$PY" benchmarks/profile_lev_gpu.py --scale "$FIRST" --reps 10
+fi
 
 # ---- 5. the GPU-only options (another helper's keys): skipped, logged, when this checkout does not know them
 plan_scale "$FIRST"
@@ -207,3 +214,5 @@ say "summary ($((SECONDS - T0))s elapsed)"
   "${ATTACH[@]}" --json "$OUT/summary.json" --md "$OUT/summary.md" 2>&1 | tee -a "$LOG"
 [ -f "$OUT/summary.md" ] && cat "$OUT/summary.md"
 say "done in $((SECONDS - T0))s: $OUT/gpu_check.log, $OUT/summary.md, $OUT/summary.json"
+# exit 1 when a section failed or timed out (its numbers are missing; the others' are in the summary)
+awk -F'\t' '$2 !~ /^(ok|skipped)/ { bad = 1 } END { exit bad }' "$WORK/sections.tsv"

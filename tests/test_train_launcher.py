@@ -48,7 +48,7 @@ def test_nothing_to_run_is_a_usage_error():
 @pytest.mark.multiproc
 def test_gpu_check_dry_run(tmp_path):
     """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry): the synthetic shard, bf16 training
-    of TIED and LEV, bench_step.py's stack vs Hugging Face comparison, the probe, the summary files in OUT (its
+    of TIED and LEV, bench_step.py's stack vs Hugging Face comparison and LEV probe, the summary files in OUT (its
     own earlier output, marked, is replaced). A scale without configs fails its own sections, each recorded, and
     loses none of the other scale's numbers."""
     out = tmp_path / "gc"
@@ -59,7 +59,7 @@ def test_gpu_check_dry_run(tmp_path):
     proc = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: the nosuch scale's sections failed
     assert sorted(p.name for p in out.iterdir()) == [".gpu_check-output", "gpu_check.log", "summary.json", "summary.md"]
     summary = json.loads((out / "summary.json").read_text())
     runs = {Path(r["run"]).name: r for r in summary["runs"]}
@@ -69,15 +69,14 @@ def test_gpu_check_dry_run(tmp_path):
         assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gib"] > 0 and r["plan_gib"] > 0, r
     assert "error" in runs["nosuch-tied"] and "error" in runs["nosuch-lev"]
     states = {name: state for name, state, _ in summary["sections"]}
-    assert [states[k] for k in ("shard", "tiny-cpu-tied", "tiny-cpu-lev", "step-tiny-cpu", "probe-tiny-cpu-lev")] == [
-        "ok"
-    ] * 5, states
+    assert [states[k] for k in ("install", "shard", "tiny-cpu-tied", "tiny-cpu-lev", "step-tiny-cpu")] == ["ok"] * 5
     assert states["nosuch-tied"].startswith("failed") and states["step-nosuch"].startswith("failed"), states
     assert states["variant"] == "skipped (dry)"
-    (step,) = [r for r in summary["results"] if "median_s" in r]
+    (result,) = summary["results"]  # step-nosuch failed at its config: no JSON
+    step, probe = result["step"], result["probe"]
     assert step["precision"] == "bf16" and step["tokens_per_s"]["ref"] > 0 and step["ratio_pairs"] > 0
-    assert step["ref_attention"] == "sdpa"
-    assert [r["device"] for r in summary["results"] if "syncs" in r] == ["cpu"]
+    assert step["ref_attention"] == "sdpa" and "phases_s" in step
+    assert probe["config"] == "configs/tiny-cpu-lev.yaml" and "aten::" in probe["profile"]
     assert "configs/nosuch-tied.yaml" in (out / "gpu_check.log").read_text()  # the failure's own words, not hidden
     assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout
 
