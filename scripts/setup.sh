@@ -22,11 +22,12 @@ done
 VENV="${LEVIATHAN_VENV:-.venv}"
 TORCH_MIN="2.11"  # the oldest torch a run was checked on (the GPU check's 2.11; CI runs the pinned 2.13.0)
 
-# Debian packages: Open MPI (mpi4py, multi-node preprocessing); the Python docs and the GCIDE
+# Debian packages: Open MPI (mpi4py, multi-node preprocessing); g++ (DeepSpeed's JIT ops, torch.compile's C++ kernels on
+# the CPU: model.compile, model.activation_fusion); the Python docs and the GCIDE
 # dictionary (the multi-source test corpus, see data_prep/make_corpus.py); SLURM and munge (the tests start a
 # private single-node cluster: tests/slurm_cluster.py; on a real cluster the site's SLURM is used). One apt
 # call: Open MPI (libpmix) is in place before any slurmd starts, or `srun --mpi=pmix` hangs.
-APT_PKGS="libopenmpi-dev openmpi-bin python3.11-doc dict-gcide"
+APT_PKGS="libopenmpi-dev openmpi-bin python3.11-doc dict-gcide g++"
 [ "$REQ" = requirements-test.txt ] && APT_PKGS="$APT_PKGS slurm-wlm munge"
 missing=""
 for p in $APT_PKGS; do
