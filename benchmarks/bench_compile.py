@@ -52,11 +52,9 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
+    from benchmarks.bench_train import paired_engines
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed, parallel_dims, seed_everything
-    from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
-    from leviathan_pretrain.trainer.engine import build_engine
-    from leviathan_pretrain.trainer.loop import collective_check
+    from leviathan_pretrain.parallel import destroy_distributed
 
     common = [
         f"data.prefixes=[{args.data}]",
@@ -70,17 +68,9 @@ def worker(args) -> None:
         "eager": load_config(args.config, [*common, "model.compile=false"]),
         "compiled": load_config(args.config, [*common, "model.compile=true"]),
     }
-    denv = init_distributed(cfgs["eager"].parallel)
+    denv, engines, batches = paired_engines(cfgs, "eager")
     cuda = denv.device.type == "cuda"
-    lay = parallel_dims(cfgs["eager"].train.micro_batch_size, cfgs["eager"].train.global_batch_size)
-    summary = collective_check(data_summary, cfgs["eager"])
-    train, _ = build_datasets(cfgs["eager"], summary["eod_id"], True)
-    engines = {}
-    for name, cfg in cfgs.items():
-        seed_everything(cfg.train.seed, denv.device)
-        engines[name] = build_engine(cfg, denv.device)
     t = cfgs["eager"].train
-    batches = Batches(train, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size)
     cpu_clock = dist.get_world_size() == 1 and not cuda
     clock = time.process_time if cpu_clock else time.perf_counter
     times, losses, first = {n: [] for n in engines}, {n: [] for n in engines}, {}
@@ -102,7 +92,7 @@ def worker(args) -> None:
                 first[name] = time.perf_counter() - w0  # wall: inductor compiles in worker processes too
             elif step >= args.warmup:
                 times[name].append(dt)
-    if lay.rank == 0:
+    if dist.get_rank() == 0:
         med = {n: statistics.median(ts) for n, ts in times.items()}
         out = {
             "layout": args.layouts[0],

@@ -57,6 +57,26 @@ def write_zipf_shard(prefix: str, vocab: int, tokens: int, seed: int = 0) -> str
 # ---------------------------------------------------------------- worker: both models in one launch
 
 
+def paired_engines(cfgs: dict, ref: str):
+    """The world from ``cfgs[ref]``, its training batches, and one engine per config built from the same seed
+    (``build_engine``): ``(device env, engines, batches)``. Shared by the side-by-side benchmarks."""
+    from leviathan_pretrain.parallel import init_distributed, parallel_dims, seed_everything
+    from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
+    from leviathan_pretrain.trainer.engine import build_engine
+    from leviathan_pretrain.trainer.loop import collective_check
+
+    denv = init_distributed(cfgs[ref].parallel)
+    lay = parallel_dims(cfgs[ref].train.micro_batch_size, cfgs[ref].train.global_batch_size)
+    summary = collective_check(data_summary, cfgs[ref])
+    train, _ = build_datasets(cfgs[ref], summary["eod_id"], True)
+    engines = {}
+    for name, cfg in cfgs.items():
+        seed_everything(cfg.train.seed, denv.device)
+        engines[name] = build_engine(cfg, denv.device)
+    t = cfgs[ref].train
+    return denv, engines, Batches(train, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size)
+
+
 def worker(args) -> None:
     import warnings
 
@@ -65,10 +85,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed, parallel_dims, seed_everything
-    from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
-    from leviathan_pretrain.trainer.engine import build_engine
-    from leviathan_pretrain.trainer.loop import collective_check
+    from leviathan_pretrain.parallel import destroy_distributed
 
     common = [
         f"parallel.tensor_parallel={args.tp}",
@@ -79,16 +96,8 @@ def worker(args) -> None:
         *args.overrides,
     ]
     cfgs = {name: load_config(path, common) for name, path in (("TIED", args.tied), ("LEV", args.lev))}
-    denv = init_distributed(cfgs["LEV"].parallel)
-    lay = parallel_dims(cfgs["LEV"].train.micro_batch_size, cfgs["LEV"].train.global_batch_size)
-    summary = collective_check(data_summary, cfgs["LEV"])
-    train, _ = build_datasets(cfgs["LEV"], summary["eod_id"], True)
-    engines = {}
-    for name, cfg in cfgs.items():
-        seed_everything(cfg.train.seed, denv.device)
-        engines[name] = build_engine(cfg, denv.device)
+    _, engines, batches = paired_engines(cfgs, "LEV")
     t = cfgs["LEV"].train
-    batches = Batches(train, t.micro_batch_size, lay.dp, lay.dp_rank, t.global_batch_size)
     times = {name: [] for name in engines}
     for step in range(args.warmup + args.steps):
         mbs = batches.global_batch(step * t.global_batch_size)
@@ -100,7 +109,7 @@ def worker(args) -> None:
             if step >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     tokens = t.global_batch_size * cfgs["LEV"].model.seq_length
-    if lay.rank == 0:
+    if dist.get_rank() == 0:
         print(
             "RESULT "
             + json.dumps(

@@ -149,3 +149,16 @@ def one_rank_world(parallel):
             os.environ.pop(k, None)
             if v is not None:
                 os.environ[k] = v
+
+
+def no_cuda_touch(monkeypatch, available: bool = False) -> None:
+    """``torch.cuda.is_available()`` answers ``available``; any other CUDA query fails the test (a GPU path
+    checked on the CPU must decide from the configured device, not by asking CUDA)."""
+    import torch
+
+    def touched(*a, **k):
+        raise AssertionError("touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    for name in ("current_device", "device_count", "set_device", "_lazy_init", "init"):
+        monkeypatch.setattr(torch.cuda, name, touched)

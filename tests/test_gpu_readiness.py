@@ -29,7 +29,7 @@ from leviathan_pretrain.model.gpt import (
     build_layer_spec,
     build_transformer_config,
 )
-from tests.multiproc import RANK_VARS, REPO, base_env, one_rank_world
+from tests.multiproc import RANK_VARS, REPO, base_env, no_cuda_touch, one_rank_world
 
 TINY = "configs/tiny-cpu-lev.yaml"
 
@@ -57,17 +57,6 @@ def settings(cfg):
     from megatron.core import parallel_state as ps
 
     return BuildSettings.from_parallel(cfg.parallel, tp_group=ps.get_tensor_model_parallel_group())
-
-
-def no_cuda_touch(monkeypatch, available: bool):
-    """``torch.cuda.is_available()`` answers ``available``; any other CUDA query fails the test."""
-
-    def touched(*a, **k):
-        raise AssertionError("touched CUDA")
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
-    for name in ("current_device", "device_count", "set_device", "_lazy_init", "init"):
-        monkeypatch.setattr(torch.cuda, name, touched)
 
 
 # ---------------------------------------------------------------- attention

@@ -18,24 +18,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from leviathan_pretrain.config import ConfigError, load_config
 from leviathan_pretrain.model import BuildSettings, inputs, sizes
 from leviathan_pretrain.model.inputs import TokenIdError, check_token_ids
-from tests.multiproc import one_rank_world
+from tests.multiproc import no_cuda_touch, one_rank_world
 from tests.test_lev import lev_input
 from tests.test_model import batch, make, small
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = ["model.vocab_size=50257", "model.hidden_size=64", "model.num_attention_heads=4"]  # LEV at spec defaults
 PER_ID = 8 * 128 * (8 * 64 + 8 * 16 + sizes.LEV_COORD_BYTES)  # h 8, d_seed 128, r 64, kappa 16
-
-
-def no_cuda_touch(monkeypatch):
-    """Any CUDA query fails the test (``torch.cuda.is_available()`` answers False)."""
-
-    def touched(*a, **k):
-        raise AssertionError("touched CUDA")
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for name in ("current_device", "device_count", "set_device", "_lazy_init", "init"):
-        monkeypatch.setattr(torch.cuda, name, touched)
 
 
 # ---------------------------------------------------------------- the chunk budget

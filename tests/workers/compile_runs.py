@@ -11,7 +11,6 @@ reports ``code: null`` with the error, and the launch stops there.
 import json
 import os
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
@@ -19,10 +18,9 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not ins
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-from leviathan_pretrain.config import load_config  # noqa: E402
 from leviathan_pretrain.parallel import destroy_distributed  # noqa: E402
 from leviathan_pretrain.trainer import engine  # noqa: E402
-from leviathan_pretrain.trainer.loop import run  # noqa: E402
+from tests.workers.train_runs import run_spec  # noqa: E402
 
 BUILT: list[torch.nn.Module] = []
 _build_module = engine.build_module
@@ -45,20 +43,12 @@ def compiled_layers(module: torch.nn.Module) -> int:
 
 
 def main(spec_path: str) -> None:
-    import torch.distributed as dist
 
     for spec in json.loads(open(spec_path).read()):
-        cfg = load_config(spec.get("config"), spec.get("overrides", []))
         torch._dynamo.reset()  # each run compiles its own layers (no cached code of an earlier run's model)
         counters.clear()
         BUILT.clear()
-        out = {"name": spec["name"]}
-        try:
-            out["code"] = run(cfg)
-        except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
-            out.update(code=None, error=type(e).__name__, message=str(e))
-            traceback.print_exc()
-        out["rank"] = dist.get_rank() if dist.is_initialized() else 0
+        out = run_spec(spec)
         out["graphs"] = int(counters["stats"]["unique_graphs"])
         out["breaks"] = {k[:200]: v for k, v in counters["graph_break"].items()}
         out["compiled_layers"] = compiled_layers(BUILT[0]) if BUILT else None

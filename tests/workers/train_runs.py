@@ -22,20 +22,27 @@ from leviathan_pretrain.trainer.loop import run  # noqa: E402
 from tests.workers.inject import nan_loss  # noqa: E402
 
 
-def main(spec_path: str) -> None:
+def run_spec(spec: dict) -> dict:
+    """One spec's training through ``trainer.loop.run``: ``{"name", "code", "rank"}``, or ``code`` None with the
+    error's type and message (the traceback on stderr). Also serves tests/workers/compile_runs.py."""
     import torch.distributed as dist
 
+    cfg = load_config(spec.get("config"), spec.get("overrides", []))
+    out = {"name": spec["name"]}
+    try:
+        out["code"] = run(cfg)
+    except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
+        out.update(code=None, error=type(e).__name__, message=str(e))
+        traceback.print_exc()
+    out["rank"] = dist.get_rank() if dist.is_initialized() else 0
+    return out
+
+
+def main(spec_path: str) -> None:
     specs = json.loads(open(spec_path).read())
     for spec in specs:
-        cfg = load_config(spec.get("config"), spec.get("overrides", []))
         nan_loss(spec.get("nan_steps", ()), spec.get("nan_rank"))
-        out = {"name": spec["name"]}
-        try:
-            out["code"] = run(cfg)
-        except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
-            out.update(code=None, error=type(e).__name__, message=str(e))
-            traceback.print_exc()
-        out["rank"] = dist.get_rank() if dist.is_initialized() else 0
+        out = run_spec(spec)
         print("RESULT " + json.dumps(out), flush=True)
         if out["code"] is None and out["error"] not in ("ConfigError", "ShardError", "CheckpointError"):
             # the other ranks may be waiting in a collective: stop this launch instead of hanging it
