@@ -259,3 +259,29 @@ def test_missing_tensorboard_fails_at_start_naming_the_fix(tmp_path):
     assert "data shard" not in proc.stderr  # checked before the data (and so before any model is built)
     off = train("logging.tensorboard=false")  # the way out it names: the run gets on to the next check
     assert off.returncode == 2 and off.stderr.strip().splitlines()[-1].startswith(f"error: data shard {missing}")
+
+
+# ---------------------------------------------------------------- initial weights on a GPU
+
+
+def test_each_piece_reseeds_megatrons_cuda_tracker_where_a_gpu_run_seeded_it(world, monkeypatch):
+    """On a GPU without parallel.init_on_cpu megatron-core draws its layers' TP shards from its CUDA RNG
+    tracker's model-parallel state. ``seed_everything`` seeds it per rank with ``train.seed + 100 * pp_rank``,
+    so a stage's weights depended on the pipeline split; ``seed_piece`` now reseeds it with the piece's own seed
+    (``train.seed + i``, as the PP = 1 model and DeepSpeed's PipelineModule both call it). The CUDA calls are
+    recorded (no GPU here); a CPU run, whose tracker was never seeded, never calls them."""
+    from megatron.core import tensor_parallel
+
+    from leviathan_pretrain.model.assembly import build_model, seed_piece
+
+    calls = []
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", lambda s, **kw: calls.append(s))
+    cfg = tiny()
+    seed_piece(5)
+    build_model(cfg.model, settings(cfg), seed=100)
+    assert calls == []  # CPU: the tracker has no state
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    monkeypatch.setitem(tracker.states_, "model-parallel-rng", torch.ByteTensor(16))  # what a GPU run leaves
+    model = build_model(cfg.model, settings(cfg), seed=100)
+    pieces = len(model._funcs)
+    assert pieces == cfg.model.num_layers + 3 and calls == [100 + i for i in range(pieces)]

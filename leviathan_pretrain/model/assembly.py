@@ -86,11 +86,18 @@ def model_pieces(model, build: BuildSettings, tconfig=None) -> list[Piece]:
 
 def seed_piece(seed) -> None:
     """Seed python, numpy and torch for building one piece (DeepSpeed's ``set_random_seed``; the seed may be a
-    numpy integer, which ``random.seed`` rejects on Python >= 3.11)."""
+    numpy integer, which ``random.seed`` rejects on Python >= 3.11). On a GPU run (megatron-core's CUDA RNG
+    tracker seeded by ``parallel.seed_everything``) the tracker too: megatron's layers initialised on the device
+    draw their TP shards from its model-parallel state, which then depends on ``seed`` and the TP rank alone,
+    not on the pipeline stage or on the pieces built before (CPU runs never seed the tracker)."""
     seed = int(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed % 2**63)
+    from megatron.core import tensor_parallel
+
+    if tensor_parallel.get_cuda_rng_tracker().get_states():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 class GPT(torch.nn.Module):
