@@ -13,7 +13,8 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
 - every validation: ``valid/loss``, ``valid/perplexity``
 
 ``train_log.jsonl`` (in ``train.out_dir``) gets one JSON record per step with the exact float loss (and the
-step's wall time, ``step_time_s``, which ``benchmarks/bench_train.py --summarize`` reads), plus
+step's wall time, ``step_time_s``, which ``benchmarks/bench_train.py --summarize`` reads; on log steps also the
+interval's ``perf/*`` and ``memory/*`` values: throughput, MFU, peak memory), plus
 ``valid`` and ``event`` records; it is what tests and scripts read. On resume, records after the resumed
 step are dropped (and TensorBoard purges them via ``purge_step``), so each step appears once.
 """
@@ -162,7 +163,8 @@ class Metrics:
         """Per-step record + scalars; ``extra`` (on log steps) adds the interval scalars and the console line."""
         if not self.is_writer:
             return
-        self.record({"step": step, **rec})
+        interval = {k: v for k, v in (extra or {}).items() if k.startswith(("perf/", "memory/"))}
+        self.record({"step": step, **rec, **interval})
         self.scalars(
             step,
             {
