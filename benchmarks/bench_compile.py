@@ -150,15 +150,12 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    from benchmarks.bench_train import write_zipf_shard
+    from benchmarks.bench_train import shard_for_steps
     from leviathan_pretrain.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
-        data = args.data
-        if data is None:
-            need = (args.steps + args.warmup) * cfg.train.global_batch_size * (cfg.model.seq_length + 1)
-            data = write_zipf_shard(str(Path(tmp) / "zipf"), cfg.model.vocab_size, int(need * 1.2) + 10000)
+        data = args.data or shard_for_steps(cfg, args.steps + args.warmup, tmp)
         results = [run_layout(layout, args, data) for layout in args.layouts]
     print(
         f"\nmodel.compile vs eager, {Path(args.config).name} {' '.join(args.overrides)}: median of {args.steps} "

@@ -57,6 +57,12 @@ def write_zipf_shard(prefix: str, vocab: int, tokens: int, seed: int = 0) -> str
 # ---------------------------------------------------------------- worker: both models in one launch
 
 
+def shard_for_steps(cfg, steps: int, tmp: str) -> str:
+    """A synthetic Zipf shard under ``tmp`` with enough tokens for ``steps`` global batches of ``cfg`` (+20%)."""
+    need = steps * cfg.train.global_batch_size * (cfg.model.seq_length + 1)
+    return write_zipf_shard(str(Path(tmp) / "zipf"), cfg.model.vocab_size, int(need * 1.2) + 10000)
+
+
 def paired_engines(cfgs: dict, ref: str):
     """The world from ``cfgs[ref]``, its training batches, and one engine per config built from the same seed
     (``build_engine``): ``(device env, engines, batches)``. Shared by the side-by-side benchmarks."""
@@ -389,10 +395,7 @@ def main(argv=None) -> int:
 
     cfg = load_config(args.lev, args.overrides)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        data = args.data
-        if data is None:
-            need = (args.steps + args.warmup) * cfg.train.global_batch_size * (cfg.model.seq_length + 1)
-            data = write_zipf_shard(str(Path(tmp) / "zipf"), cfg.model.vocab_size, int(need * 1.2) + 10000)
+        data = args.data or shard_for_steps(cfg, args.steps + args.warmup, tmp)
         results = {tp: run_worker(tp, args, data, launch_env(cfg)) for tp in args.tp}
     print(
         f"\ntraining throughput, tokens/s (median of {args.steps} alternating steps after {args.warmup} warm-up; "
