@@ -5,7 +5,8 @@
 - Two gloo ranks (tests/workers/fused_loss.py): whole models built from one seed with ``model.loss_impl=fused``
   and ``megatron`` (megatron-core's ``vocab_parallel_cross_entropy``) at TP = 1 and TP = 2, untied (LEV) and
   TIED heads, the training mean and per-token losses: loss, every parameter's gradient, the head weight's and the
-  final hidden states' gradients.
+  final hidden states' gradients. The same worker compares the fused SwiGLU (``model.activation_fusion``) with
+  the unfused one at TP = 1 and TP = 2.
 """
 
 import json
@@ -121,6 +122,19 @@ def model_results():
 CASES = [
     f"tp{tp}-{v}-{p}-{m}" for tp in (1, 2) for v in ("lev", "tied") for p in ("fp32", "bf16") for m in ("mean", "token")
 ]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("case", ["swiglu-tp1-lev-fp32-mean", "swiglu-tp2-lev-fp32-mean"])
+def test_fused_swiglu_model_loss_and_gradients_equal_unfused(model_results, case):
+    """model.activation_fusion (on by default for CUDA) against the unfused SwiGLU, whole models from one seed,
+    fp32, at TP = 1 and TP = 2 (each rank's fc1 shard split into gate and up by the fused kernel as by the
+    unfused path): the loss and every parameter's and the final hidden states' gradients."""
+    for per_rank in model_results:
+        r = per_rank[case]
+        assert r["loss_rel"] < 1e-5, r
+        assert r["grad_rel"] < 1e-5 and r["head_rel"] < 1e-5 and r["hidden_rel"] < 1e-5, r
+        assert r["scale"] > 1e-5 and r["n"] >= 15, r
 
 
 @pytest.mark.multiproc

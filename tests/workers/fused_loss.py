@@ -1,4 +1,5 @@
-"""Worker: the fused loss (model.loss_impl=fused) against megatron-core's unfused path, at TP = 1 and TP = 2.
+"""Worker: the fused loss (model.loss_impl=fused) against megatron-core's unfused path, at TP = 1 and TP = 2; and
+the fused SwiGLU (model.activation_fusion=true, the CUDA default) against the unfused one, the same way.
 
 For each TP size (the 2-rank gloo world as TP = 1 x DP = 2, then as TP = 2), each head (``lev``: the untied
 ``OutputPiece``; ``tied``: the input table as head) and each precision in argv[1] (``fp32``, ``bf16``), two
@@ -7,7 +8,9 @@ models are built from one seed, one per ``loss_impl``, and given the same batch 
 - ``mean``: the training loss, ``model(x, pos, labels=y, loss_mask=mask)`` (fused: gradients formed in forward);
 - ``token``: per-token losses ``model(x, pos, labels=y)`` summed with random weights (fused: recompute backward).
 
-Chunks of 7 tokens (64 tokens a batch: 10 chunks, the last short). Recorded per case: the loss difference and,
+The SwiGLU pair (``swiglu-tp{1,2}-lev-fp32-mean``): both models with the fused loss, one with megatron-core's
+fused ``SwiGLUFunction``, one without. Chunks of 7 tokens (64 tokens a batch: 10 chunks, the last short).
+Recorded per case: the loss difference and,
 for every parameter and the final hidden states (the final norm's output), max |fused - megatron| / max
 |megatron| of the gradient. Output: ``RESULT {json}`` per rank.
 """
@@ -27,9 +30,16 @@ PRECISIONS = sys.argv[1].split(",")
 B, S, V = 2, 32, 1000
 
 
-def build(variant, tp, impl, precision, group):
+# the two sides of each comparison: (the previous path, the new one)
+PAIRS = {
+    "loss": (["model.loss_impl=megatron"], ["model.loss_impl=fused"]),
+    "swiglu": (["model.activation_fusion=false"], ["model.activation_fusion=true"]),
+}
+
+
+def build(variant, tp, extra, precision, group):
     over = [*small_model_overrides(variant, V, S), f"parallel.tensor_parallel={tp}", f"parallel.precision={precision}"]
-    cfg = load_config(None, [*over, f"model.loss_impl={impl}", "model.loss_chunk_tokens=7"])
+    cfg = load_config(None, [*over, "model.loss_chunk_tokens=7", *extra])
     model = build_model(cfg.model, BuildSettings.from_parallel(cfg.parallel, tp_group=group), seed=1234)
     norm = next(m for m in model.modules() if isinstance(m, FinalNorm))
     seen = {}
@@ -42,7 +52,7 @@ def build(variant, tp, impl, precision, group):
     return model, seen
 
 
-def case(variant, tp, precision, mode, group):
+def case(variant, tp, precision, mode, group, pair="loss"):
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, V, (B, S + 1), generator=g)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -50,8 +60,8 @@ def case(variant, tp, precision, mode, group):
     mask = (torch.rand(B, S, generator=g) > 0.25).float()
     weights = torch.rand(B, S, generator=g)
     out = {}
-    for impl in ("megatron", "fused"):
-        model, seen = build(variant, tp, impl, precision, group)
+    for impl, extra in zip(("megatron", "fused"), PAIRS[pair]):  # the previous path, the new one
+        model, seen = build(variant, tp, extra, precision, group)
         if mode == "mean":
             loss = model(x, pos, None, labels=y, loss_mask=mask)
         else:
@@ -88,6 +98,7 @@ def main():
             for precision in PRECISIONS:
                 for mode in ("mean", "token"):
                     results[f"tp{tp}-{variant}-{precision}-{mode}"] = case(variant, tp, precision, mode, group)
+        results[f"swiglu-tp{tp}-lev-fp32-mean"] = case("lev", tp, "fp32", "mean", group, pair="swiglu")
         ps.destroy_model_parallel()
     print("RESULT " + json.dumps({"rank": env.rank, **results}), flush=True)
     destroy_distributed()
