@@ -47,19 +47,18 @@ sys.path.insert(0, str(REPO))
 def zipf_batches(cfg, n_steps: int, seed: int = 0) -> list[list[dict]]:
     """``n_steps`` global batches of micro-batch dicts (tokens, labels, loss_mask, position_ids): Zipf ids over a
     random permutation of the vocabulary (text-like repeats), labels the next id."""
-    import numpy as np
     import torch
 
+    from benchmarks.bench_lev import zipf_ids
+
     t, m = cfg.train, cfg.model
-    rng = np.random.default_rng(seed)
-    p = 1.0 / (np.arange(m.vocab_size) + 2.7)
-    perm = rng.permutation(m.vocab_size)
     b, s, gas = t.micro_batch_size, m.seq_length, t.global_batch_size // t.micro_batch_size
+    every = zipf_ids((n_steps, gas, b, s + 1), m.vocab_size, seed)  # one permutation for the whole run
     out = []
-    for _ in range(n_steps):
+    for step in range(n_steps):
         mbs = []
-        for _ in range(gas):
-            ids = torch.from_numpy(perm[rng.choice(m.vocab_size, size=(b, s + 1), p=p / p.sum())]).long()
+        for k in range(gas):
+            ids = every[step, k]
             pos = torch.arange(s)[None].expand(b, s)
             mb = {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": torch.ones(b, s), "position_ids": pos}
             mbs.append(mb)
