@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_memory import rss_bytes, status_kb  # noqa: E402
+
 MEM_V, MEM_D, MEM_TOKENS = 50257, 1024, 16384
 NAIVE_POINTS = (1024, 2048)
 LEV_OVERRIDES: list[str] = []  # extra model.lev.* overrides for every LEV case (--chunk-mib)
@@ -58,17 +60,6 @@ def zipf_ids(shape, vocab: int, seed: int):
     p = 1.0 / (np.arange(vocab) + 2.7)
     ids = rng.permutation(vocab)[rng.choice(vocab, size=shape, p=p / p.sum())]
     return torch.from_numpy(ids).long()
-
-
-def vm_hwm_bytes() -> int:
-    """This process's peak resident set (``ru_maxrss`` would also remember the parent's, from before exec)."""
-    with open("/proc/self/status") as f:
-        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 # -- (a) step time -----------------------------------------------------------------------------------
@@ -226,7 +217,7 @@ def memory_case(case: str, tokens: int) -> dict:
     out = fn()
     (out.reshape(tokens, MEM_D) * w).sum().backward()
     elapsed, cpu = time.perf_counter() - t, time.process_time() - c
-    peak = vm_hwm_bytes()
+    peak = status_kb("VmHWM") * 1024  # this process's peak (ru_maxrss would also keep the parent's, before exec)
     return {
         "case": case,
         "tokens": tokens,

@@ -57,11 +57,11 @@ GIB = 2**30
 # ---------------------------------------------------------------- worker: the real trainer, observed
 
 
-def _status_kb(key: str) -> int:
+def status_kb(key: str) -> int:
     return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
 
 
-def _rss() -> int:
+def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -83,23 +83,23 @@ def worker(train_args: list[str]) -> int:
     real_save = loop.Trainer.save
 
     def build_engine(cfg, device):
-        rec["baseline"] = _rss()
+        rec["baseline"] = rss_bytes()
         _reset_peak()
         eng = real_build(cfg, device)
-        rec["after_build"] = _rss() - rec["baseline"]
+        rec["after_build"] = rss_bytes() - rec["baseline"]
         real_step = eng.train_step
 
         def train_step(mbs):
             out = real_step(mbs)
-            rec["after_step"].append(_rss() - rec["baseline"])
-            rec["peak_step"].append(_status_kb("VmHWM") * 1024 - rec["baseline"])
+            rec["after_step"].append(rss_bytes() - rec["baseline"])
+            rec["peak_step"].append(status_kb("VmHWM") * 1024 - rec["baseline"])
             return out
 
         eng.train_step = train_step
         return eng
 
     def save(self):
-        rec.setdefault("peak", _status_kb("VmHWM") * 1024 - rec["baseline"])
+        rec.setdefault("peak", status_kb("VmHWM") * 1024 - rec["baseline"])
         return real_save(self)
 
     loop.build_engine = build_engine
@@ -133,14 +133,14 @@ def loss_worker(impl: str, args) -> dict:
         mask = torch.ones(b, s)
         weight.grad, hidden.grad = torch.zeros_like(weight), torch.zeros_like(hidden)
         opts = HeadOptions(impl, sizes.loss_chunk_tokens(V, "cpu", args.loss_chunk))
-        baseline = _rss()
+        baseline = rss_bytes()
         _reset_peak()
         times = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
             head_forward(LossRequest(hidden, labels, mask), weight, None, opts).backward()
             times.append(time.perf_counter() - t0)
-        peak = _status_kb("VmHWM") * 1024 - baseline
+        peak = status_kb("VmHWM") * 1024 - baseline
         ps.destroy_model_parallel()
     return {"impl": impl, "peak": peak, "step": sorted(times)[len(times) // 2], "chunk": opts.chunk}
 
