@@ -345,6 +345,27 @@ def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
         ckpt.check_compatible(cfg, meta, None, tmp_path, dims)
 
 
+def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume(tmp_path):
+    """``model.compile`` / ``model.activation_fusion`` change speed, not the weights: a checkpoint written before
+    the keys existed, or with other values, resumes; a key that shapes the weights is still refused."""
+    from leviathan_pretrain.config import load_config, to_dict
+    from leviathan_pretrain.model import LAYOUT_VERSION
+    from leviathan_pretrain.parallel import ParallelDims
+
+    cfg = load_config(CONFIG, [])
+    dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
+    layout = {"tp": 1, "pp": 1, "dp": 1, "zero_stage": cfg.parallel.zero_stage}
+
+    def meta(**model):
+        return {"model_layout": LAYOUT_VERSION, "config": {"model": model}, "layout": layout}
+
+    older = {k: v for k, v in to_dict(cfg.model).items() if k not in ("compile", "activation_fusion")}
+    ckpt.check_compatible(cfg, meta(**older), None, tmp_path, dims)
+    ckpt.check_compatible(cfg, meta(**older, compile=True, activation_fusion=True), None, tmp_path, dims)
+    with pytest.raises(ckpt.CheckpointError, match="written for model.hidden_size=.*the config says"):
+        ckpt.check_compatible(cfg, meta(**{**older, "hidden_size": cfg.model.hidden_size * 2}), None, tmp_path, dims)
+
+
 def test_layout_rules_without_reshard():
     from leviathan_pretrain.trainer.reshard import check_layout
 

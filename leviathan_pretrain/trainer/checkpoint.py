@@ -206,8 +206,17 @@ def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
 
 # ---- resume rules ----
 
-# Model settings that change speed or memory but not the weights: a run may resume with other values.
-RESUME_FREE = {"attention_backend", "lev.token_chunk", "lev.chunk_mib", "lev.chunk_elements", "lev.recompute"}
+# Model settings that change speed or memory but not the weights: a run may resume with other values (and from a
+# checkpoint written before the key existed: ``compile`` and ``activation_fusion`` came later).
+RESUME_FREE = {
+    "attention_backend",
+    "compile",
+    "activation_fusion",
+    "lev.token_chunk",
+    "lev.chunk_mib",
+    "lev.chunk_elements",
+    "lev.recompute",
+}
 
 
 def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
