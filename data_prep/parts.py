@@ -7,7 +7,7 @@ Layout::
     WORK/part-00001.tmp/   an input being tokenized (renamed to part-00001/ when complete)
     WORK/merged/           merge output (data_prep/outputs.py), renamed to the final names at the very end
 
-A part is **reused** on a re-run when its ``part.json`` fingerprint (tokenizer sha256, dtype, options)
+A part is **reused** on a re-run when its ``part.json`` fingerprint (tokenizer fingerprint, dtype, options)
 matches, its files are all there with the recorded sizes, and the input file's sha256 still matches.
 Anything else is redone.
 """
@@ -26,7 +26,8 @@ import numpy as np
 from data_prep import __version__
 from data_prep.cli import log
 from data_prep.fileio import sha256_file, write_json_atomic
-from data_prep.pipeline import FileTokenizer, Tokenizer
+from data_prep.pipeline import FileTokenizer
+from data_prep.tokenizer import Tokenizer
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Job:
     def fingerprint(self) -> str:
         fp = {
             "version": __version__,
-            "tokenizer_sha256": self.tok.sha256,
+            "tokenizer_sha256": self.tok.fingerprint,  # the file sha256 for SentencePiece, as before
             "dtype": self.dtype.name,
             "split_by_set": self.split_by_set,
             "eod_id": self.tok.eod_id,

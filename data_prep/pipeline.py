@@ -1,12 +1,11 @@
 """Tokenize one input file into shard(s) in a directory: reader thread -> encoder threads -> writer.
 
-Threading: SentencePiece's batch encode releases the GIL for the whole encode (checked in its
-pybind source: ``py::gil_scoped_release`` around ``RunBatch``) and, with ``out_type="numpy"``,
-returns int32 arrays without building Python ints. So:
+Threading: every tokenizer kind's batch encode (data_prep/tokenizer/) releases the GIL for the encode
+itself and returns one int32 array per text. So:
 
 * one **reader** thread reads + hashes + decompresses + parses (orjson) and cuts ~``batch_bytes``
   batches into a bounded queue;
-* ``workers`` **encoder** threads each encode whole batches (``num_threads=1``, EOD appended in C++),
+* ``workers`` **encoder** threads each encode whole batches (the library single-threaded inside),
   so no core idles at the tail of a batch while another finishes a long document;
 * the calling thread **writes** results strictly in batch order (np.concatenate, np.bincount,
   ``tofile``), so the output never depends on thread timing.
@@ -26,12 +25,10 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import sentencepiece as spm
 
-from data_prep.cli import UserError
-from data_prep.fileio import sha256_file
 from data_prep.shards import ShardWriter
 from data_prep.sources import NO_SET, FileReader
+from data_prep.tokenizer import Tokenizer
 
 
 def set_slug(name: str | None) -> str:
@@ -40,63 +37,6 @@ def set_slug(name: str | None) -> str:
         return "no_set"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.")
     return slug or "set"
-
-
-class Tokenizer:
-    """A loaded SentencePiece model plus what the shards need to know about it."""
-
-    def __init__(self, path: str):
-        if not os.path.isfile(path):
-            raise UserError(f"tokenizer model not found: {path}")
-        self.path = path
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(path)
-        except (OSError, RuntimeError) as e:
-            raise UserError(f"{path}: not a SentencePiece model ({str(e).splitlines()[0][:200]})") from None
-        self.sha256 = sha256_file(path)
-        self.vocab_size = int(self.sp.vocab_size())
-        self.eod_id = int(self.sp.eos_id())
-        if self.eod_id < 0:
-            raise UserError(
-                f"{path}: the tokenizer has no EOS piece (eos_id=-1); data_prep appends EOS as "
-                "the end-of-document token, so train it with an eos_id (train_tokenizer does)"
-            )
-
-    def chunk_safe(self) -> bool:
-        """Whether cutting a document just after a newline and encoding the pieces separately gives
-        exactly the ids of encoding it whole: true when the normalizer keeps text as is (newlines and
-        spaces, no dummy prefix, no whitespace removal) and no multi-character piece contains a newline,
-        so a newline is a boundary no BPE merge or unigram piece crosses. Checked, then probed."""
-        sp = self.sp
-        probe = "  a \n\n b\t\n  \n c  d \n"
-        try:
-            if sp.normalize(probe) != probe.replace(" ", "\u2581"):
-                return False
-        except (AttributeError, RuntimeError, TypeError):
-            return False
-        pieces = sp.id_to_piece(list(range(self.vocab_size)))
-        if any("\n" in p and len(p) > 1 for p in pieces):
-            return False
-        whole = sp.encode(probe)
-        parts = [x for part in ("  a \n", "\n", " b\t\n", "  \n", " c  d \n") for x in sp.encode(part)]
-        return whole == parts
-
-    def describe(self) -> dict:
-        sp = self.sp
-        return {
-            "path": os.path.abspath(self.path),
-            "sha256": self.sha256,
-            "vocab_size": self.vocab_size,
-            "eod_id": self.eod_id,
-            "eod_piece": sp.id_to_piece(self.eod_id),
-            "bos_id": int(sp.bos_id()),
-            "unk_id": int(sp.unk_id()),
-            "pad_id": int(sp.pad_id()),
-        }
-
-    def encode(self, units: list) -> list:
-        return self.sp.encode(units, out_type="numpy", add_eos=False, add_bos=False, num_threads=1)
 
 
 class _Stop(Exception):

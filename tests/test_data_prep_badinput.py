@@ -162,9 +162,9 @@ def test_bad_tokenizer_files_are_one_line_errors(minipile_dir, tokenize, tmp_pat
     not_model.write_bytes(b"this is not a sentencepiece model")
     src, prefix = minipile_dir / "test.jsonl.zst", tmp_path / "out"
     p = tokenize(src, not_model, prefix, check=False)
-    _assert_one_line_error(p, "not a SentencePiece model")
+    _assert_one_line_error(p, "not a tokenizer of a kind data_prep reads", "SentencePiece .model", "tokenizer.json")
     p = tokenize(src, tmp_path / "missing.model", prefix, check=False)
-    _assert_one_line_error(p, "tokenizer model not found")
+    _assert_one_line_error(p, "tokenizer not found", "missing.model")
     # a model without an EOS piece cannot mark document ends
     text = tmp_path / "t.txt"
     text.write_text("some words to learn a tiny model from\n" * 50)

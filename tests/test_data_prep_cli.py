@@ -51,7 +51,7 @@ def test_help(module, run_cli):
         (
             "data_prep.tokenize",
             ["--input", "{tmp}/x.jsonl", "--tokenizer", "{tmp}/t.model", "--output-prefix", "{tmp}/"],
-            "tokenizer model not found",
+            "tokenizer not found",
         ),
     ],
 )
