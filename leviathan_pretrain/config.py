@@ -80,7 +80,7 @@ class ModelConfig:
     """A LLaMA-style decoder-only GPT; ``variant`` picks the input representation."""
 
     variant: str = "lev"
-    vocab_size: int = 32000
+    vocab_size: int | None = None  # None -> data.tokenizer's vocabulary (the head is padded as always)
     hidden_size: int = 1024
     num_layers: int = 24
     num_attention_heads: int = 16
@@ -116,7 +116,7 @@ class ModelConfig:
         )
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length"):
             v = getattr(self, name)
-            require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
+            require(v is None or v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
         require(
             self.hidden_size % self.num_attention_heads == 0,
             f"{prefix}.hidden_size",
@@ -143,7 +143,7 @@ class ModelConfig:
             f"{prefix}.loss_chunk_tokens",
             f"must be >= 1 or null (auto), got {self.loss_chunk_tokens}",
         )
-        if self.variant in ("lev", "factored_mlp"):
+        if self.variant in ("lev", "factored_mlp") and self.vocab_size is not None:  # else after resolve_vocab
             b = self.lev.resolved_base(self.vocab_size)
             require(
                 b**self.lev.digits >= self.vocab_size,
@@ -154,6 +154,7 @@ class ModelConfig:
 
     def validate_with(self, parallel: "ParallelConfig", data: "DataConfig", prefix: str = "model") -> None:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
+        self.resolve_vocab(data, prefix)
         tp = parallel.tensor_parallel
         if self.variant in ("flat_mlp", "factored_mlp"):
             hidden = sizes.flat_mlp_dims(self)[1] if self.variant == "flat_mlp" else sizes.factored_mlp_hidden(self)
@@ -162,34 +163,39 @@ class ModelConfig:
                 f"{prefix}.mlp_hidden",
                 f"the {self.variant} hidden width {hidden} is not divisible by parallel.tensor_parallel={tp}",
             )
-        if data.tokenizer:
-            n = tokenizer_vocab_size(data.tokenizer)
+
+    def resolve_vocab(self, data: "DataConfig", prefix: str = "model") -> None:
+        """``vocab_size`` from ``data.tokenizer`` when unset, else checked against it (an error naming both when
+        the tokenizer has more ids; a warning when fewer)."""
+        from leviathan_pretrain.tokenizer import open_data_tokenizer
+
+        tok = open_data_tokenizer(data)
+        if self.vocab_size is None:
             require(
-                n <= self.vocab_size,
+                tok is not None,
                 f"{prefix}.vocab_size",
-                f"{self.vocab_size} is smaller than the vocabulary of data.tokenizer={data.tokenizer} ({n} "
-                f"pieces); set {prefix}.vocab_size={n}",
+                "not set, and there is no data.tokenizer to take it from; set one of them",
             )
-            if n < self.vocab_size:
-                import warnings
+            self.vocab_size = tok.vocab_size
+            self.validate(prefix)
+            return
+        if tok is None:
+            return
+        n = tok.vocab_size
+        require(
+            n <= self.vocab_size,
+            f"{prefix}.vocab_size",
+            f"{self.vocab_size} is smaller than the vocabulary of data.tokenizer={data.tokenizer} ({tok.kind}, {n:,} "
+            f"ids); set {prefix}.vocab_size={n}, or leave it unset to take the tokenizer's",
+        )
+        if n < self.vocab_size:
+            import warnings
 
-                warnings.warn(
-                    f"{prefix}.vocab_size={self.vocab_size} is larger than data.tokenizer's {n} pieces; "
-                    "the extra ids are never seen (set them equal unless that is intended)",
-                    stacklevel=2,
-                )
-
-
-def tokenizer_vocab_size(path: str) -> int:
-    """Pieces in a SentencePiece ``.model`` (sentencepiece is imported only here)."""
-    if not Path(path).is_file():
-        raise ConfigError(f"data.tokenizer: {path} does not exist")
-    import sentencepiece as spm
-
-    try:
-        return spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
-    except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
-        raise ConfigError(f"data.tokenizer: {path} is not a SentencePiece model ({e})") from None
+            warnings.warn(
+                f"{prefix}.vocab_size={self.vocab_size} is larger than data.tokenizer's {n} ids; "
+                "the extra ids are never seen (set them equal unless that is intended)",
+                stacklevel=2,
+            )
 
 
 def split_weights(split: str) -> list[float]:
@@ -208,7 +214,10 @@ class DataConfig:
     weights: list[float] | None = None  # blend weights, one per prefix (None: by size)
     split: str = "969,30,1"  # train,valid,test document split of every prefix
     valid_prefixes: list[str] | None = None  # a separate held-out set (then split's valid part is unused)
-    tokenizer: str | None = None  # tokenizer.model (checksum in checkpoints, vocab check)
+    # a SentencePiece .model, a Hugging Face tokenizer.json (or its directory), a .tiktoken file or tiktoken:NAME;
+    # its fingerprint must equal the shards' manifest's and is recorded in checkpoints; model.vocab_size from it
+    tokenizer: str | None = None
+    tiktoken_pattern: str | None = None  # a .tiktoken file's split pattern: o200k | cl100k | p50k | r50k
     cache_dir: str | None = None  # megatron-core index cache; None -> <train.out_dir>/data_cache
     seed: int = 1234  # shuffling seed of the sample order
     eod_id: int | None = None  # end-of-document id; None -> from the manifest, else 0

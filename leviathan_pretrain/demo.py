@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from data_prep.demo import run_demo
-from leviathan_pretrain.config import tokenizer_vocab_size
+from leviathan_pretrain.tokenizer import open_cached
 
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"  # where this project's machines keep it
@@ -69,11 +69,11 @@ def main(argv=None) -> int:
         data = run_demo(out)
         prefix, valid, tokenizer = data["train_prefix"], data["val_prefix"], data["tokenizer"]
 
-        vocab = tokenizer_vocab_size(tokenizer)
+        vocab = open_cached(tokenizer).vocab_size
     print(
         f"[demo] training data: {prefix}"
         + (f", validation {valid}" if valid else "")
-        + (f" (tokenizer {tokenizer}, {vocab} pieces)" if tokenizer else ""),
+        + (f" (tokenizer {tokenizer}, {vocab} ids)" if tokenizer else ""),
         flush=True,
     )
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     ]
     overrides.append(f"data.valid_prefixes=[{valid}]" if valid else "data.split=95,5,0")
     if tokenizer:
-        overrides += [f"data.tokenizer={tokenizer}", f"model.vocab_size={vocab}"]
+        overrides += [f"data.tokenizer={tokenizer}", "model.vocab_size=null"]  # null: the tokenizer's
     overrides += args.overrides
     cmd = [
         sys.executable,

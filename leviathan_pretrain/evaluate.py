@@ -40,7 +40,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--run", required=True, help="the run directory (train.out_dir), or its checkpoint directory")
     g.add_argument("--step", type=int, help="evaluate global_step<N> (default: latest)")
     g.add_argument("--checkpoint-dir", help="the run's checkpoint.dir when it is not RUN/checkpoints")
-    g.add_argument("--tokenizer", help="the tokenizer.model (default: the run's data.tokenizer; sha256 is checked)")
+    g.add_argument(
+        "--tokenizer",
+        help="the run's tokenizer, any kind data_prep reads (default: the run's data.tokenizer; the fingerprint is "
+        "checked)",
+    )
     g = ap.add_argument_group("what to evaluate")
     g.add_argument(
         "--data",
@@ -90,7 +94,6 @@ def _check_args(ns) -> None:
 def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
     """Everything ``ns`` asks for, as a report dict (see evaluation/report.py), and the run's TensorBoard directory
     (None when the run logged none)."""
-    import sentencepiece as spm
     import torch
 
     from leviathan_pretrain.evaluation import heldout as H
@@ -182,27 +185,27 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
                 np.concatenate(all_loss), np.concatenate(all_tgt), train_counts, ns.edges, ns.quantile_buckets
             )
             report["frequency"] = {"counts": files, **fr}
-    sp = None
+    tok = None
     if ns.wikitext or ns.lambada:
         if tr.tokenizer is None:
             raise EvalError(
                 "WikiText/LAMBADA need the run's tokenizer: the recorded data.tokenizer is missing; "
                 "give --tokenizer PATH"
             )
-        sp = spm.SentencePieceProcessor(model_file=str(tr.tokenizer))
-        eod = int(sp.eos_id())
+        tok = tr.tokenizer
+        eod = tok.eod_id
     if ns.wikitext:
         texts = T.wikitext_articles(ns.wikitext)
         ws = ns.wikitext_stride or max(1, context // 2)
         if ws > context:
             raise EvalError(f"--wikitext-stride {ws}: must be <= --context {context}")
-        streams = T.wikitext_streams(sp, eod, texts)
+        streams = T.wikitext_streams(tok, eod, texts)
         meter = Meter("wikitext", sum(len(s) - 1 for s in streams), verbose)
         w = T.score_wikitext(tr.model, streams, V, texts, context, ws, progress=meter, **kw)
         meter.close()
         report["wikitext"] = {"path": str(Path(ns.wikitext).resolve()), **w}
     if ns.lambada:
-        la = T.score_lambada(tr.model, sp, eod, V, T.lambada_examples(ns.lambada), context, **kw)
+        la = T.score_lambada(tr.model, tok, eod, V, T.lambada_examples(ns.lambada), context, **kw)
         la.pop("word_nats")
         report["lambada"] = {"path": str(Path(ns.lambada).resolve()), **la}
     if not (report["heldout"] or report["wikitext"] or report["lambada"]):

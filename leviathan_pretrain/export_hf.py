@@ -137,12 +137,16 @@ def export(
     trained = load_trained(run_dir, step=step, checkpoint_dir=checkpoint_dir, tokenizer=tokenizer)
     if trained.tokenizer is None:
         where = tokenizer or trained.cfg.data.tokenizer or "(none recorded)"
-        raise ExportError(f"{where}: the run's tokenizer.model is not found; give --tokenizer")
-    ids = sentencepiece_ids(trained.tokenizer)
-    if ids["sp"].vocab_size() != trained.vocab_size:
+        raise ExportError(f"{where}: the run's tokenizer is not found; give --tokenizer")
+    if trained.tokenizer.kind != "sentencepiece":
         raise ExportError(
-            f"{trained.tokenizer}: {ids['sp'].vocab_size()} pieces, the model has vocab_size {trained.vocab_size}"
+            f"{trained.tokenizer.path}: a {trained.tokenizer.kind} tokenizer; export_hf writes the Hugging Face "
+            "tokenizer of SentencePiece runs only so far (Hugging Face and tiktoken exports are not implemented yet)"
         )
+    tok_path = Path(trained.tokenizer.path)
+    ids = sentencepiece_ids(tok_path)
+    if ids["sp"].vocab_size() != trained.vocab_size:
+        raise ExportError(f"{tok_path}: {ids['sp'].vocab_size()} pieces, the model has vocab_size {trained.vocab_size}")
     config = llama_config(trained.cfg, ids, DTYPE_NAMES[dtype])
     state = llama_state_dict(trained.model, trained.cfg)
     del trained.model
@@ -163,7 +167,7 @@ def export(
         pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
         GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=pad).save_pretrained(str(tmp))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        write_tokenizer(trained.tokenizer, tmp, ids["sp"])
+        write_tokenizer(tok_path, tmp, ids["sp"])
         marker = {
             "format": FORMAT,
             "version": 1,
@@ -173,8 +177,8 @@ def export(
             "step": trained.step,
             "variant": trained.variant,
             "vocab_size": trained.vocab_size,
-            "tokenizer": str(Path(trained.tokenizer).absolute()),
-            "tokenizer_sha256": sha256_file(trained.tokenizer),
+            "tokenizer": str(tok_path.absolute()),
+            "tokenizer_sha256": sha256_file(tok_path),
             "dtype": dtype,
             "parameters": parameters,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -6,7 +6,8 @@ from leviathan_pretrain.config import ConfigError, load_config
 
 
 def test_defaults_and_overrides():
-    cfg = load_config(None, ["model.lev.heads=16", "optim.lr=1e-3", "data.prefixes=[a,b]", "model.num_query_groups=4"])
+    over = ["model.lev.heads=16", "optim.lr=1e-3", "data.prefixes=[a,b]", "model.num_query_groups=4"]
+    cfg = load_config(None, [*over, "model.vocab_size=32000"])
     assert cfg.model.lev.heads == 16
     assert cfg.optim.lr == pytest.approx(1e-3)
     assert cfg.data.prefixes == ["a", "b"]
@@ -14,7 +15,9 @@ def test_defaults_and_overrides():
 
 
 def test_base_chain_merges_and_overrides(tmp_path):
-    (tmp_path / "base.yaml").write_text("model:\n  hidden_size: 256\n  num_attention_heads: 4\n  lev:\n    rank: 8\n")
+    (tmp_path / "base.yaml").write_text(
+        "model:\n  vocab_size: 32000\n  hidden_size: 256\n  num_attention_heads: 4\n  lev:\n    rank: 8\n"
+    )
     (tmp_path / "child.yaml").write_text("base: base.yaml\nmodel:\n  lev:\n    heads: 4\n")
     cfg = load_config(tmp_path / "child.yaml", ["model.lev.rank=16"])
     assert (cfg.model.hidden_size, cfg.model.lev.heads, cfg.model.lev.rank) == (256, 4, 16)
@@ -43,7 +46,7 @@ def test_lev_base_resolution():
 )
 def test_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_config(None, [override])
+        load_config(None, [override, "model.vocab_size=32000"])
 
 
 def test_pipeline_limits_zero_stage():
@@ -75,7 +78,7 @@ def test_sequence_parallel_is_refused_at_load_with_the_reason():
 
 
 def test_two_timeouts_and_optional_peak_flops():
-    cfg = load_config(None, [])
+    cfg = load_config(None, ["model.vocab_size=32000"])
     assert (cfg.parallel.timeout_minutes, cfg.parallel.init_timeout_minutes, cfg.logging.peak_flops) == (
         10.0,
         60.0,

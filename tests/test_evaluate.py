@@ -200,7 +200,7 @@ def test_wikitext_and_lambada_equal_a_plain_recomputation(run_copy, world, tmp_p
     assert p.returncode == 0, p.stderr
     rep = json.loads((run / "eval" / "global_step30.json").read_text())
     tr = load_trained(run)
-    sp = spm.SentencePieceProcessor(model_file=str(tr.tokenizer))
+    sp = spm.SentencePieceProcessor(model_file=str(tr.tokenizer.path))
     eod = sp.eos_id()
     articles = ["".join(lines[a:b]) for a, b in zip(heads[:3], heads[1:4])]
     nats = sum(plain_losses(tr.model, np.array([eod, *sp.encode(a)]), tr.vocab_size, 64, 32).sum() for a in articles)

@@ -88,7 +88,7 @@ def test_logits_match(exported, val_texts, name):
     run, out = exported(name)
     with eval_world():
         ours = _load_ours(run)
-        sp = spm.SentencePieceProcessor(model_file=str(ours.tokenizer))
+        sp = spm.SentencePieceProcessor(model_file=str(ours.tokenizer.path))
         ids = _batch(sp, val_texts)
         ref = logits_for(ours.model, ids, ours.vocab_size)
     hf = _hf_model(out)
@@ -110,7 +110,7 @@ def test_greedy_generate_matches(exported, val_texts, name):
     eos = hf.generation_config.eos_token_id
     with eval_world():
         ours = _load_ours(run)
-        sp = spm.SentencePieceProcessor(model_file=str(ours.tokenizer))
+        sp = spm.SentencePieceProcessor(model_file=str(ours.tokenizer.path))
         prompts = [sp.encode(val_texts[0])[:5], sp.encode(val_texts[1])[:17], sp.encode(val_texts[2])[:40]]
         for prompt in prompts:
             p = torch.tensor([prompt])

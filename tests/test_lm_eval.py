@@ -113,7 +113,7 @@ class Reference:
         from leviathan_pretrain.evaluation.load import load_trained
 
         self.t = load_trained(run)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.t.tokenizer))
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.t.tokenizer.path))
         self.eos = self.sp.eos_id()
         self.L = self.t.cfg.model.seq_length
 

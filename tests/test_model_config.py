@@ -22,6 +22,7 @@ from leviathan_pretrain.config import ConfigError, load_config
         (
             [
                 "model.variant=factored_mlp",
+                "model.vocab_size=32000",
                 "model.mlp_hidden=30",
                 "parallel.tensor_parallel=4",
                 "model.num_attention_heads=8",
@@ -52,7 +53,7 @@ def spm_model(tmp_path_factory):
 
 
 def test_tokenizer_vocab_must_fit_the_model(spm_model):
-    with pytest.raises(ConfigError, match=r"model\.vocab_size.*60 pieces"):
+    with pytest.raises(ConfigError, match=r"model\.vocab_size.*data\.tokenizer=.*tok\.model.*60 ids"):
         load_config(None, [f"data.tokenizer={spm_model}", "model.vocab_size=59"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -62,9 +63,35 @@ def test_tokenizer_vocab_must_fit_the_model(spm_model):
 
 
 def test_missing_or_bogus_tokenizer_names_data_tokenizer(tmp_path):
-    with pytest.raises(ConfigError, match=r"data\.tokenizer.*does not exist"):
+    with pytest.raises(ConfigError, match=r"data\.tokenizer.*tokenizer not found.*nope\.model"):
         load_config(None, [f"data.tokenizer={tmp_path / 'nope.model'}"])
     bogus = tmp_path / "bogus.model"
     bogus.write_bytes(b"not a model")
-    with pytest.raises(ConfigError, match=r"data\.tokenizer.*not a SentencePiece model"):
+    with pytest.raises(ConfigError, match=r"data\.tokenizer.*not a tokenizer of a kind.*SentencePiece.*tiktoken"):
         load_config(None, [f"data.tokenizer={bogus}"])
+
+
+def test_vocab_size_unset_is_the_tokenizers_of_any_kind(spm_model, gpt2_tiktoken, bpe_tokenizer_json, tmp_path):
+    from tests.tokenizer_kinds import asset
+
+    with pytest.raises(ConfigError, match=r"model\.vocab_size: not set, and there is no data\.tokenizer"):
+        load_config(None, [])
+    cl100k = asset("cl100k_base.tiktoken")
+    for tok, extra, n in (
+        (spm_model, [], 60),
+        (gpt2_tiktoken, [], 50257),
+        (cl100k, [], 100277),  # cl100k_base: 100,256 ranks + specials up to <|endofprompt|> = 100,276
+        (bpe_tokenizer_json.parent, [], 4000),
+    ):
+        cfg = load_config(None, [f"data.tokenizer={tok}", *extra])
+        assert cfg.model.vocab_size == n, tok
+    # set: checked against the tokenizer, naming both
+    with pytest.raises(ConfigError, match=r"model\.vocab_size: 50000 is smaller .*gpt2\.tiktoken \(tiktoken, 50,257"):
+        load_config(None, [f"data.tokenizer={gpt2_tiktoken}", "model.vocab_size=50000"])
+    # a ranks file that is no published encoding: the pattern is a config key
+    custom = tmp_path / "custom.tiktoken"
+    custom.write_bytes(gpt2_tiktoken.read_bytes()[: -len(gpt2_tiktoken.read_bytes().splitlines()[-1]) - 1])
+    with pytest.raises(ConfigError, match=r"data\.tokenizer: .*custom\.tiktoken.*data\.tiktoken_pattern"):
+        load_config(None, [f"data.tokenizer={custom}"])
+    cfg = load_config(None, [f"data.tokenizer={custom}", "data.tiktoken_pattern=r50k"])
+    assert cfg.model.vocab_size == 50256  # one rank fewer, then <|endoftext|>

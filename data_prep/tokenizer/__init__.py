@@ -21,10 +21,10 @@ ACCEPTED = (
     "(.tiktoken, with --tiktoken-pattern) or tiktoken:NAME"
 )
 
-__all__ = ["ACCEPTED", "KINDS", "Tokenizer", "combined_fingerprint", "detect_kind", "open_tokenizer"]
+__all__ = ["ACCEPTED", "KINDS", "Tokenizer", "combined_fingerprint", "detect_kind", "open_tokenizer", "resolve"]
 
 
-def _resolve(spec: str) -> tuple[str, str | None]:
+def resolve(spec: str) -> tuple[str, str | None]:
     """(the file to read, the kind a directory or a ``tiktoken:`` name fixes, else None)."""
     if spec.startswith("tiktoken:"):
         from data_prep.tokenizer.tiktoken_file import cached_path
@@ -65,7 +65,7 @@ def open_tokenizer(spec: str, pattern: str | None = None, eod_token: str | None 
     """The tokenizer ``spec`` names (a file, a directory, ``tiktoken:NAME``); ``pattern``: the tiktoken split pattern
     (``--tiktoken-pattern``), ``eod_token``: the end-of-document token's text (``--eod-token``) instead of the
     tokenizer's own. UserError, one line naming the file, for anything unusable."""
-    path, kind = _resolve(str(spec))
+    path, kind = resolve(str(spec))
     kind = kind or detect_kind(path)
     if kind is None:
         raise UserError(f"{path}: not a tokenizer of a kind data_prep reads ({ACCEPTED})")

@@ -45,6 +45,11 @@ class Tokenizer:
     def decode(self, ids) -> str:
         raise NotImplementedError
 
+    def adds_prefix_space(self) -> bool:
+        """Whether encoding puts a space before every text (SentencePiece's ``add_dummy_prefix``): then a
+        continuation is encoded as the tail of context + continuation."""
+        return False
+
     def chunk_safe(self) -> bool:
         """Whether encoding newline-ended pieces of a document gives exactly the ids of the whole (then data_prep
         may cut long documents, see --chunk-bytes). False unless a kind proves otherwise."""

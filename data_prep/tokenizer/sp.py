@@ -49,6 +49,9 @@ class SentencePieceTokenizer(Tokenizer):
         bos = int(self.sp.bos_id())
         self.bos_id = bos if bos >= 0 else None
 
+    def adds_prefix_space(self) -> bool:
+        return self.sp.normalize("a").startswith("\u2581")
+
     def chunk_safe(self) -> bool:
         """Whether cutting a document just after a newline and encoding the pieces separately gives exactly the
         ids of encoding it whole: true when the normalizer keeps text as is (newlines and spaces, no dummy

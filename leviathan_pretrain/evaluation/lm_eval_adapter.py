@@ -101,22 +101,17 @@ class _World:
 # ---------------------------------------------------------------- tokenization
 
 
-def adds_dummy_prefix(sp) -> bool:
-    """Whether the SentencePiece model puts a space before every text it encodes (``add_dummy_prefix``)."""
-    return sp.normalize("a").startswith("\u2581")
-
-
-def encode_pair(sp, context: str, continuation: str, eos: int) -> tuple[list[int], list[int]]:
+def encode_pair(tok, context: str, continuation: str, eos: int) -> tuple[list[int], list[int]]:
     """``([EOS] + context tokens, continuation tokens)`` of one request (see the module doc)."""
     n = len(context) - len(context.rstrip())
     if n:
         context, continuation = context[:-n], context[-n:] + continuation
     if not context:
-        return [eos], sp.encode(continuation)
-    ctx, whole = sp.encode(context), sp.encode(context + continuation)
-    if whole[: len(ctx)] == ctx or adds_dummy_prefix(sp):
+        return [eos], tok.encode_one(continuation)
+    ctx, whole = tok.encode_one(context), tok.encode_one(context + continuation)
+    if whole[: len(ctx)] == ctx or tok.adds_prefix_space():
         return [eos, *ctx], whole[len(ctx) :]
-    return [eos, *ctx], sp.encode(continuation)
+    return [eos, *ctx], tok.encode_one(continuation)
 
 
 def _batch_size(value) -> int:
@@ -156,8 +151,6 @@ class LeviathanLM(LM):
         trust_remote_code: bool = False,  # lm-eval passes it with --trust_remote_code; nothing remote here
     ):
         super().__init__()
-        import sentencepiece as spm
-
         from leviathan_pretrain.model.settings import resolve_device
 
         if str(dtype) not in DTYPES:
@@ -184,12 +177,12 @@ class LeviathanLM(LM):
         if t.tokenizer is None:
             self.close()
             raise EvalError(f"{run}: the run's tokenizer ({t.cfg.data.tokenizer}) is not there; pass tokenizer=PATH")
-        self.sp = spm.SentencePieceProcessor(model_file=str(t.tokenizer))
+        self.tok = t.tokenizer
         self.vocab_size = t.vocab_size
-        self.eos = int(self.sp.eos_id())
-        if self.eos < 0 or self.sp.vocab_size() > self.vocab_size:
+        self.eos = self.tok.eod_id
+        if self.tok.vocab_size > self.vocab_size:
             self.close()
-            raise EvalError(f"{t.tokenizer}: no EOS piece, or more pieces than the model's vocabulary")
+            raise EvalError(f"{self.tok.path}: {self.tok.vocab_size} ids, more than the model's {self.vocab_size}")
         seq = int(t.cfg.model.seq_length)
         self._max_length = int(max_length or seq)
         if not 1 <= self._max_length <= seq:
@@ -243,7 +236,7 @@ class LeviathanLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return str(self.trained.tokenizer)
+        return str(self.trained.tokenizer.path)
 
     def get_model_info(self) -> dict:
         t = self.trained
@@ -258,10 +251,10 @@ class LeviathanLM(LM):
         }
 
     def tok_encode(self, text: str) -> list[int]:
-        return self.sp.encode(text)
+        return self.tok.encode_one(text)
 
     def tok_decode(self, ids: list[int]) -> str:
-        return self.sp.decode(list(ids))
+        return self.tok.decode(list(ids))
 
     def _logits(self, rows: list[list[int]]) -> torch.Tensor:
         """fp32 logits ``[b, width, V]`` (CPU) of right-padded ``rows`` (the model is causal: padding never reaches
@@ -274,7 +267,7 @@ class LeviathanLM(LM):
     # ------------------------------------------------------------ loglikelihood
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [encode_pair(self.sp, *req.args[:2], self.eos) for req in requests]
+        pairs = [encode_pair(self.tok, *req.args[:2], self.eos) for req in requests]
         out = self._loglikelihood_tokens(pairs, disable_tqdm)
         for req, res in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood", req.args[:2], res)
@@ -308,7 +301,7 @@ class LeviathanLM(LM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Log-probability of each whole text given EOS, every token scored once with windows of ``max_length``."""
-        streams = [[self.eos, *self.sp.encode(req.args[0])] for req in requests]
+        streams = [[self.eos, *self.tok.encode_one(req.args[0])] for req in requests]
         bar = tqdm(total=sum(len(s) - 1 for s in streams), desc="leviathan rolling", disable=disable_tqdm)
         scores = score_streams(
             self.trained.model,
@@ -339,7 +332,7 @@ class LeviathanLM(LM):
             if kwargs.get("do_sample"):
                 raise ValueError(f"leviathan: only greedy decoding is implemented (got {requests[members[0]].args[1]})")
             until = [s for s in kwargs["until"] if s]
-            prompts = {i: [self.eos, *self.sp.encode(requests[i].args[0])] for i in members}
+            prompts = {i: [self.eos, *self.tok.encode_one(requests[i].args[0])] for i in members}
             members.sort(key=lambda i: -len(prompts[i]))
             for k in range(0, len(members), self._batch):
                 batch = members[k : k + self._batch]

@@ -33,10 +33,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from data_prep.fileio import sha256_file
 from leviathan_pretrain.config import Config, ConfigError
 from leviathan_pretrain.configlib import build, validate_tree
 from leviathan_pretrain.trainer.ckpt_names import (
@@ -45,9 +45,13 @@ from leviathan_pretrain.trainer.ckpt_names import (
     CheckpointError,
     complete_tags,
     read_latest,
+    recorded_tokenizer_fingerprint,
     step_of,
     tag_for,
 )
+
+if TYPE_CHECKING:
+    from data_prep.tokenizer import Tokenizer
 
 
 class EvalError(RuntimeError):
@@ -57,7 +61,8 @@ class EvalError(RuntimeError):
 @dataclass
 class Trained:
     """A loaded checkpoint: ``cfg`` is the run's config as saved (its parallel layout included), ``model`` the
-    merged TP = 1 model on ``device`` in eval mode, ``tokenizer`` the checked SentencePiece model (or None)."""
+    merged TP = 1 model on ``device`` in eval mode, ``tokenizer`` the checked tokenizer (data_prep/tokenizer/'s
+    interface, any kind), or None."""
 
     run_dir: Path
     ckpt_dir: Path
@@ -66,7 +71,7 @@ class Trained:
     meta: dict
     cfg: Config
     model: torch.nn.Module
-    tokenizer: Path | None
+    tokenizer: "Tokenizer | None"
 
     @property
     def variant(self) -> str:
@@ -131,23 +136,29 @@ def saved_config(meta: dict, where: Path) -> Config:
     return cfg
 
 
-def check_tokenizer(cfg: Config, meta: dict, tokenizer: str | os.PathLike | None, where: Path) -> Path | None:
-    """The tokenizer to use: ``tokenizer`` or the run's ``data.tokenizer``; its sha256 must equal the one recorded
-    at training. None when neither exists (then only shard evaluation is possible)."""
-    path = Path(tokenizer) if tokenizer else (Path(cfg.data.tokenizer) if cfg.data.tokenizer else None)
-    if path is None:
+def check_tokenizer(cfg: Config, meta: dict, tokenizer: str | os.PathLike | None, where: Path) -> "Tokenizer | None":
+    """The tokenizer to use: ``tokenizer`` or the run's ``data.tokenizer`` (with its ``data.tiktoken_pattern``), any
+    kind; its fingerprint must equal the one recorded at training. None when neither is there (then only shard
+    evaluation is possible)."""
+    from data_prep.cli import UserError
+    from leviathan_pretrain.tokenizer import open_cached
+
+    spec = str(tokenizer) if tokenizer else cfg.data.tokenizer
+    if not spec:
         return None
-    if not path.is_file():
-        if tokenizer:
-            raise EvalError(f"{path}: tokenizer not found")
+    if not tokenizer and not (spec.startswith("tiktoken:") or os.path.exists(spec)):
         return None
-    want = meta.get("tokenizer_sha256")
-    if want and sha256_file(path) != want:
+    try:
+        tok = open_cached(spec, cfg.data.tiktoken_pattern)
+    except (UserError, OSError) as e:
+        raise EvalError(str(e)) from None
+    want = recorded_tokenizer_fingerprint(meta)
+    if want and tok.fingerprint != want:
         raise EvalError(
-            f"{path}: sha256 {sha256_file(path)[:16]}... differs from the tokenizer this run trained with "
-            f"({want[:16]}..., recorded in {where}); give --tokenizer with the run's tokenizer.model"
+            f"{tok.path}: fingerprint {tok.fingerprint[:16]}... differs from the tokenizer this run trained with "
+            f"({want[:16]}..., {cfg.data.tokenizer}, recorded in {where}); give --tokenizer with the run's tokenizer"
         )
-    return path
+    return tok
 
 
 # ---------------------------------------------------------------- weights

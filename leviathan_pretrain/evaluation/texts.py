@@ -101,9 +101,9 @@ def lambada_examples(path: str | Path) -> Texts:
     return out
 
 
-def wikitext_streams(sp, eod: int, texts: Texts) -> list[np.ndarray]:
+def wikitext_streams(tok, eod: int, texts: Texts) -> list[np.ndarray]:
     """Each article as ``[EOD] + encode(article)`` (int64)."""
-    return [np.concatenate([[eod], sp.encode(text)]).astype(np.int64) for _, text in texts.items]
+    return [np.concatenate([[eod], tok.encode_one(text)]).astype(np.int64) for _, text in texts.items]
 
 
 def score_wikitext(model, streams: list, vocab_size: int, texts: Texts, context: int, stride: int, **kw) -> dict:
@@ -127,12 +127,12 @@ def score_wikitext(model, streams: list, vocab_size: int, texts: Texts, context:
     }
 
 
-def score_lambada(model, sp, eod: int, vocab_size: int, texts: Texts, context: int, **kw) -> dict:
+def score_lambada(model, tok, eod: int, vocab_size: int, texts: Texts, context: int, **kw) -> dict:
     """The ``lambada`` part of a report: one window per example, the context cut from the left to fit."""
     streams, word_lens = [], []
     for ctx, word in texts.items:
-        w = sp.encode(word)
-        c = [eod, *sp.encode(ctx)]
+        w = tok.encode_one(word)
+        c = [eod, *tok.encode_one(ctx)]
         keep = max(1, context + 1 - len(w))  # inputs = context tokens + all but the last word token
         streams.append(np.asarray(c[-keep:] + w, dtype=np.int64))
         word_lens.append(len(w))

@@ -50,6 +50,7 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
     checkpoint_dir,
     complete_tags,
     read_latest,
+    recorded_tokenizer_fingerprint,
     step_of,
     tag_for,
 )
@@ -245,7 +246,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, dims: ParallelDims) -> None:
+def check_compatible(cfg: Config, meta: dict, tok_fp: str | None, where: Path, dims: ParallelDims) -> None:
     """The checkpoint's model config and tokenizer match this run, and its parallel layout can be loaded: the
     same TP, PP and ZeRO stage; another data-parallel size with ``checkpoint.reshard`` (before loading it)."""
     if meta.get("model_layout", 1) != LAYOUT_VERSION:
@@ -262,10 +263,12 @@ def check_compatible(cfg: Config, meta: dict, tok_sha: str | None, where: Path, 
             f"{where}: written for model.{k}={saved.get(k)!r}, the config says "
             f"{now.get(k)!r}; use the same model config or another checkpoint.dir"
         )
-    if meta.get("tokenizer_sha256") and tok_sha and meta["tokenizer_sha256"] != tok_sha:
+    saved_fp = recorded_tokenizer_fingerprint(meta)
+    if saved_fp and tok_fp and saved_fp != tok_fp:
         raise CheckpointError(
-            f"{where}: written with a different tokenizer (sha256 "
-            f"{meta['tokenizer_sha256'][:12]}...) than data.tokenizer={cfg.data.tokenizer}"
+            f"{where}: written with a different tokenizer (fingerprint {saved_fp[:12]}..., "
+            f"{meta.get('config', {}).get('data', {}).get('tokenizer')}) than data.tokenizer={cfg.data.tokenizer} "
+            f"({tok_fp[:12]}...)"
         )
     reshard.check_layout(
         meta.get("layout", {}), dims.tp, dims.pp, dims.dp, cfg.parallel.zero_stage, cfg.checkpoint.reshard, where

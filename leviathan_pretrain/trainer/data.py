@@ -31,7 +31,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data_prep.fileio import sha256_file
 from data_prep.mmidx import IndexFormatError, read_index
 from leviathan_pretrain.config import Config, ConfigError, split_weights
 from leviathan_pretrain.trainer.data_cache import (
@@ -214,33 +213,43 @@ def sample_counts(cfg: Config) -> list[int]:
     return [cfg.train.steps * g, cfg.train.eval_iters * g, cfg.train.eval_iters * g]
 
 
-def tokenizer_sha256(cfg: Config) -> str | None:
-    """sha256 of ``data.tokenizer`` (None if unset); checked against the shards and recorded in checkpoints."""
-    path = cfg.data.tokenizer
-    if not path:
-        return None
-    if not Path(path).is_file():
-        raise ConfigError(f"data.tokenizer: {path} does not exist")
-    return sha256_file(path)
+def tokenizer_identity(cfg: Config) -> dict:
+    """``{"fingerprint", "sha256"}`` of ``data.tokenizer`` (both None if unset): the fingerprint (the file's sha256,
+    plus the pattern and specials for tiktoken) is checked against the shards and recorded in checkpoints."""
+    from leviathan_pretrain.tokenizer import open_data_tokenizer
+
+    tok = open_data_tokenizer(cfg.data)
+    if tok is None:
+        return {"fingerprint": None, "sha256": None}
+    return {"fingerprint": tok.fingerprint, "sha256": tok.file_sha256}
 
 
-def check_data(cfg: Config, tok_sha: str | None = None) -> dict[str, ShardInfo]:
+def manifest_fingerprint(manifest: dict) -> str | None:
+    """The tokenizer fingerprint a shard's manifest records (older manifests: SentencePiece's file sha256, which is
+    its fingerprint)."""
+    t = manifest_tokenizer(manifest)
+    return t.get("fingerprint") or t.get("sha256")
+
+
+def check_data(cfg: Config, tok_fp: str | None = None) -> dict[str, ShardInfo]:
     """Every shard exists, is non-empty, fits the model's vocabulary, was written with ``data.tokenizer``
-    (``tok_sha``: its sha256, computed here if not given), and every used split has tokens."""
+    (``tok_fp``: its fingerprint, computed here if not given), and every used split has tokens."""
     d = cfg.data
     if not d.prefixes:
         raise ConfigError("data.prefixes: no training shards given (a list of .bin/.idx prefixes)")
     infos = {}
-    tok_sha = tok_sha or tokenizer_sha256(cfg)
+    tok_fp = tok_fp or tokenizer_identity(cfg)["fingerprint"]
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
         if p not in infos:
             infos[p] = inspect_shard(p, scan_cache=cache_dir(cfg))
             check_vocab(infos[p], cfg.model.vocab_size)
-            shard_sha = manifest_tokenizer(infos[p].manifest).get("sha256")
-            if tok_sha and shard_sha and shard_sha != tok_sha:
+            shard_fp = manifest_fingerprint(infos[p].manifest)
+            if tok_fp and shard_fp and shard_fp != tok_fp:
+                used = manifest_tokenizer(infos[p].manifest).get("path", "?")
                 raise ShardError(
-                    f"data shard {p}: tokenized with another tokenizer (sha256 {shard_sha[:12]}...) "
-                    f"than data.tokenizer={d.tokenizer} ({tok_sha[:12]}...)"
+                    f"data shard {p}: tokenized with {used} (fingerprint {shard_fp[:12]}..., {p}.manifest.json), "
+                    f"not with data.tokenizer={d.tokenizer} ({tok_fp[:12]}...): another or a changed tokenizer; "
+                    "use the shards' tokenizer or re-tokenize"
                 )
     want_valid = cfg.train.eval_interval > 0
     if d.valid_prefixes is None:
@@ -285,12 +294,13 @@ def eod_id(cfg: Config, infos: dict[str, ShardInfo]) -> int:
 
 def data_summary(cfg: Config) -> dict:
     """:func:`check_data`, reduced to what the other ranks need (small, picklable): eod id, the tokenizer's
-    sha256 and shard sizes."""
-    tok_sha = tokenizer_sha256(cfg)
-    infos = check_data(cfg, tok_sha)
+    fingerprint and sha256, and shard sizes."""
+    ident = tokenizer_identity(cfg)
+    infos = check_data(cfg, ident["fingerprint"])
     return {
         "eod_id": eod_id(cfg, infos),
-        "tokenizer_sha256": tok_sha,
+        "tokenizer_fingerprint": ident["fingerprint"],
+        "tokenizer_sha256": ident["sha256"],
         "shards": {
             p: {
                 "sequences": i.num_sequences,

@@ -107,12 +107,13 @@ class Trainer:
         # checks before anything expensive (rank 0 checks, every rank raises the same error)
         collective_check(check_tensorboard, cfg)
         summary = collective_check(data_summary, cfg)
-        self.tok_sha = summary["tokenizer_sha256"]  # checked against the shards, recorded in checkpoints
+        # checked against the shards, recorded in checkpoints (the fingerprint is what must match)
+        self.tok_fp, self.tok_sha = summary["tokenizer_fingerprint"], summary["tokenizer_sha256"]
         self.latest = collective_check(ckpt.latest_checkpoint, cfg, self.cdir)
         self.meta = None  # leviathan.json of the checkpoint resumed from
         if self.latest is not None:
             self.meta = ckpt.read_meta(self.cdir, self.latest)
-            ckpt.check_compatible(cfg, self.meta, self.tok_sha, self.cdir / self.latest, dims)
+            ckpt.check_compatible(cfg, self.meta, self.tok_fp, self.cdir / self.latest, dims)
         if dims.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.cdir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +157,7 @@ class Trainer:
         run_meta = {
             "config": to_dict(cfg),
             "tokenizer_sha256": self.tok_sha,
+            "tokenizer_fingerprint": self.tok_fp,
             "model_layout": LAYOUT_VERSION,
             "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero_stage": cfg.parallel.zero_stage},
         }
