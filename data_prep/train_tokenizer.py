@@ -1,6 +1,8 @@
-"""Train a SentencePiece tokenizer on a bounded, seeded random sample of documents.
+"""Train a tokenizer on a bounded, seeded random sample of documents: SentencePiece (default) or, with --kind bpe,
+a byte-level BPE tokenizer.json with the Hugging Face tokenizers library (GPT-2 / GPT-NeoX / Llama 3 style).
 
   python -m data_prep.train_tokenizer --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --output tok/
+  python -m data_prep.train_tokenizer --kind bpe --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --output bpe/
 
 One pass over the inputs keeps a uniform random sample of documents within --sample-bytes (bottom-k
 reservoir over seeded random keys: memory stays at the budget, the sample depends only on the seed
@@ -12,6 +14,10 @@ Model settings: BPE (or --model-type unigram), byte fallback, digits split, iden
 whitespace kept as is (no extra-space removal, no dummy prefix, whitespace-only pieces allowed) so
 any UTF-8 text - code included - decodes back exactly; unk=0, bos=1, eos=2 (the end-of-document
 token data_prep.tokenize appends), no pad.
+
+--kind bpe: the ByteLevel pre-tokenizer over the 256 byte symbols (any UTF-8 text round-trips), <|endoftext|> as
+the EOD (the one special token, plus --user-defined-symbols), no BOS/EOS template; writes DIR/tokenizer.json and
+DIR/tokenizer_meta.json (--model-type, --character-coverage are SentencePiece's).
 
 Writes DIR/tokenizer.model, DIR/tokenizer.vocab and DIR/tokenizer_meta.json (settings, sample
 provenance: inputs with sha256, seed, documents/bytes seen and sampled, per-set counts, sample sha256).
@@ -54,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="input files or globs")
     ap.add_argument("--vocab-size", type=int, required=True, help="exact vocabulary size, e.g. 50000")
     ap.add_argument("--output", required=True, metavar="DIR", help="output directory")
-    ap.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"))
+    ap.add_argument(
+        "--kind",
+        default="sentencepiece",
+        choices=("sentencepiece", "bpe"),
+        help="sentencepiece: tokenizer.model (default); bpe: a byte-level BPE tokenizer.json (tokenizers library)",
+    )
+    ap.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"), help="SentencePiece's model type")
     ap.add_argument(
         "--sample-bytes", type=float, default=256.0, metavar="MB", help="text sampled for training, in MB (default 256)"
     )
@@ -101,6 +113,7 @@ class TokenizerTrainingOptions:
     input: list
     vocab_size: int
     output: str
+    kind: str = "sentencepiece"
     model_type: str = "bpe"
     sample_bytes: float = 256.0  # MB
     seed: int = 0
@@ -131,7 +144,9 @@ class TokenizerTrainingOptions:
             raise UserError(
                 "--sample-bytes, --max-doc-bytes and --max-record-bytes must be > 0, --max-line-bytes >= 16"
             )
-        model = Path(self.output) / "tokenizer.model"
+        if self.kind == "bpe" and self.model_type != "bpe":
+            raise UserError(f"--model-type {self.model_type} is SentencePiece's; --kind bpe trains a byte-level BPE")
+        model = Path(self.output) / ("tokenizer.json" if self.kind == "bpe" else "tokenizer.model")
         if model.exists() and not self.overwrite:
             raise UserError(f"output already exists: {model} (pass --overwrite to replace it)")
 
@@ -305,7 +320,7 @@ def tokenizer_meta(
     sample: Sample,
     settings: dict,
     proto: bytes,
-    sp: spm.SentencePieceProcessor,
+    model: dict,
     t_train: float,
 ) -> dict:
     """tokenizer_meta.json: settings, versions and the sample's provenance."""
@@ -319,11 +334,9 @@ def tokenizer_meta(
             *(opts.argv if opts.argv is not None else sys.argv[1:]),
         ],
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kind": opts.kind,
         "model_sha256": hashlib.sha256(proto).hexdigest(),
-        "sentencepiece_version": spm.__version__,
-        "vocab_size": sp.vocab_size(),
-        "eod_id": sp.eos_id(),
-        "eod_piece": sp.id_to_piece(sp.eos_id()),
+        **model,
         "trainer_settings": settings,
         "sample": {
             "seed": opts.seed,
@@ -363,8 +376,11 @@ def train(opts: TokenizerTrainingOptions) -> dict:
     res = sample.reservoir
     log(
         f"sampled {len(sample.docs):,} of {res.seen_docs:,} docs, {human_bytes(res.bytes)} of "
-        f"{human_bytes(res.seen_bytes)}; training {opts.model_type} vocab {opts.vocab_size:,}"
+        f"{human_bytes(res.seen_bytes)}; training {'byte-level BPE' if opts.kind == 'bpe' else opts.model_type} "
+        f"vocab {opts.vocab_size:,}"
     )
+    if opts.kind == "bpe":
+        return _train_bpe(opts, sample, t0)
     settings = trainer_settings(opts)
     t1 = time.monotonic()
     proto = train_model(sample, settings, opts)
@@ -372,12 +388,40 @@ def train(opts: TokenizerTrainingOptions) -> dict:
     sp = spm.SentencePieceProcessor(model_proto=proto)
     if sp.vocab_size() != opts.vocab_size:
         raise UserError(f"SentencePiece produced {sp.vocab_size()} pieces instead of {opts.vocab_size}")
-    meta = tokenizer_meta(opts, sample, settings, proto, sp, t_train)
+    info = {
+        "sentencepiece_version": spm.__version__,
+        "vocab_size": sp.vocab_size(),
+        "eod_id": sp.eos_id(),
+        "eod_piece": sp.id_to_piece(sp.eos_id()),
+    }
+    meta = tokenizer_meta(opts, sample, settings, proto, info, t_train)
     out = Path(opts.output)
     write_tokenizer(out, proto, sp, meta)
     log(
         f"wrote {out / 'tokenizer.model'} ({opts.model_type}, {sp.vocab_size():,} pieces, eos/EOD id "
         f"{sp.eos_id()}) in {time.monotonic() - t0:.1f} s (sampling {sample.seconds:.1f} s, training {t_train:.1f} s)"
+    )
+    return meta
+
+
+def _train_bpe(opts: TokenizerTrainingOptions, sample: Sample, t0: float) -> dict:
+    """--kind bpe: train, then write DIR/tokenizer_meta.json and DIR/tokenizer.json (last: present = complete)."""
+    from data_prep.train_bpe import describe, train_bpe
+
+    t1 = time.monotonic()
+    text, settings = train_bpe(sample, opts)
+    t_train = time.monotonic() - t1
+    data = text.encode("utf-8")
+    info = describe(text)
+    meta = tokenizer_meta(opts, sample, settings, data, info, t_train)
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "tokenizer_meta.json", meta)
+    write_bytes_atomic(out / "tokenizer.json", data)
+    log(
+        f"wrote {out / 'tokenizer.json'} (byte-level BPE, {info['vocab_size']:,} ids, EOD {info['eod_piece']} id "
+        f"{info['eod_id']}) in {time.monotonic() - t0:.1f} s (sampling {sample.seconds:.1f} s, "
+        f"training {t_train:.1f} s)"
     )
     return meta
 

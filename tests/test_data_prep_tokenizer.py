@@ -139,3 +139,40 @@ def test_overlong_records_are_skipped_when_sampling(run_cli, tmp_path):
     meta = json.loads((tmp_path / "tok" / "tokenizer_meta.json").read_text())
     assert meta["inputs"][0]["skipped"] == {"record_too_long": 1} and meta["inputs"][0]["documents"] == 300
     assert meta["sample"]["max_record_bytes"] == 1_000_000
+
+
+@pytest.mark.timeout(300)
+def test_kind_bpe_writes_a_byte_level_tokenizer_json(minipile_dir, run_cli, read_corpus, tmp_path):
+    """--kind bpe: exactly --vocab-size ids, <|endoftext|> the EOD, every text decodes back exactly, the same sample
+    as SentencePiece's (same seed), data_prep reads it as a Hugging Face tokenizer; too small a sample is an error."""
+    from tokenizers import Tokenizer
+
+    from data_prep.tokenizer import open_tokenizer
+
+    src = [minipile_dir / "train" / "00.jsonl.zst"]
+    _train(run_cli, src, tmp_path / "bpe", "--kind", "bpe", "--vocab-size", 3000, "--sample-bytes", 2)
+    path = tmp_path / "bpe" / "tokenizer.json"
+    tk = Tokenizer.from_file(str(path))
+    assert tk.get_vocab_size(with_added_tokens=True) == 3000
+    meta = json.loads((tmp_path / "bpe" / "tokenizer_meta.json").read_text())
+    assert meta["kind"] == "bpe" and meta["vocab_size"] == 3000 and meta["eod_piece"] == "<|endoftext|>"
+    assert meta["eod_id"] == tk.token_to_id("<|endoftext|>")
+    assert meta["model_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    texts = [r["text"] for r in read_corpus(minipile_dir / "val.jsonl.zst")[:40]]
+    texts += ["    return {'a': 1}\n", "unicode: Grüße 東京 🙂\r\n\t  x  ", "<|endoftext|> in text"]
+    for t in texts:
+        assert tk.decode(tk.encode(t, add_special_tokens=False).ids, skip_special_tokens=False) == t
+    tok = open_tokenizer(str(tmp_path / "bpe"))
+    assert (tok.kind, tok.vocab_size, tok.eod_id) == ("huggingface", 3000, meta["eod_id"])
+    # the same seeded sample as a SentencePiece run
+    _train(run_cli, src, tmp_path / "sp", "--vocab-size", 3000, "--sample-bytes", 2)
+    sp_meta = json.loads((tmp_path / "sp" / "tokenizer_meta.json").read_text())
+    assert sp_meta["sample"]["sha256"] == meta["sample"]["sha256"]
+    p = run_cli(
+        "data_prep.train_tokenizer",
+        *("--kind", "bpe", "--input", *src, "--output", tmp_path / "big", "--vocab-size", 500000),
+        *("--sample-bytes", 0.2),
+        check=False,
+    )
+    assert p.returncode == 2 and "raise --sample-bytes" in p.stderr.strip().splitlines()[-1], p.stderr
+    assert not (tmp_path / "big" / "tokenizer.json").exists()
