@@ -125,5 +125,6 @@ def test_shard_from_another_tokenizer_is_refused(tmp_path, tokenizer_model):
         json.dumps({"tokenizer": {"sha256": "0" * 64, "vocab_size": 512}, "eod_id": 0})
     )
     cfg = cfg_for(tmp_path, [p], f"data.tokenizer={tokenizer_model}", "model.vocab_size=8000")
-    with pytest.raises(ShardError, match=rf"data shard {p}: tokenized with another tokenizer \(sha256 000000000000"):
+    want = rf"data shard {p}: tokenized with another tokenizer \(fingerprint 000000000000\.\.\., {p}\.manifest\.json\)"
+    with pytest.raises(ShardError, match=want + rf", not with data\.tokenizer={tokenizer_model}"):
         check_data(cfg)

@@ -245,7 +245,7 @@ def check_data(cfg: Config, tok_fp: str | None = None) -> dict[str, ShardInfo]:
             check_vocab(infos[p], cfg.model.vocab_size)
             shard_fp = manifest_fingerprint(infos[p].manifest)
             if tok_fp and shard_fp and shard_fp != tok_fp:
-                used = manifest_tokenizer(infos[p].manifest).get("path", "?")
+                used = manifest_tokenizer(infos[p].manifest).get("path") or "another tokenizer"
                 raise ShardError(
                     f"data shard {p}: tokenized with {used} (fingerprint {shard_fp[:12]}..., {p}.manifest.json), "
                     f"not with data.tokenizer={d.tokenizer} ({tok_fp[:12]}...): another or a changed tokenizer; "
