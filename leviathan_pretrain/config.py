@@ -80,7 +80,9 @@ class ModelConfig:
     """A LLaMA-style decoder-only GPT; ``variant`` picks the input representation."""
 
     variant: str = "lev"
-    vocab_size: int | None = None  # None -> data.tokenizer's vocabulary (the head is padded as always)
+    # null -> data.tokenizer's vocabulary (the head is padded as always); the schema default stays 32000 so that
+    # configs which name neither load as before (every shipped config sets it)
+    vocab_size: int | None = 32000
     hidden_size: int = 1024
     num_layers: int = 24
     num_attention_heads: int = 16

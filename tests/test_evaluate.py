@@ -16,7 +16,6 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -237,7 +236,7 @@ def test_two_data_parallel_ranks_equal_one_process(run_copy, minipile_shards, tm
     assert [b["tokens"] for b in one["frequency"]["buckets"]] == [b["tokens"] for b in two["frequency"]["buckets"]]
 
 
-def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards):
+def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards, gpt2_tiktoken):
     empty = tmp_path / "empty-run"
     (empty / "checkpoints").mkdir(parents=True)
     p = evaluate("--run", empty)
@@ -247,9 +246,8 @@ def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards):
     run = run_copy("lev-tp2")
     p = evaluate("--run", run, "--step", 7)
     assert p.returncode == 2 and "no complete checkpoint at step 7" in p.stderr and "global_step30" in p.stderr
-    other = tmp_path / "other.model"
-    meta = json.loads((run / "checkpoints" / "global_step30" / "leviathan.json").read_text())
-    other.write_bytes(Path(meta["config"]["data"]["tokenizer"]).read_bytes() + b"\0")
+    other = tmp_path / "other.tiktoken"  # another real tokenizer (GPT-2's ranks): another fingerprint
+    shutil.copy(gpt2_tiktoken, other)
     p = evaluate("--run", run, "--tokenizer", other, "--no-heldout", "--wikitext", WIKI)
     assert p.returncode == 2 and str(other) in p.stderr
     assert "differs from the tokenizer this run trained with" in p.stderr
@@ -260,6 +258,7 @@ def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards):
     p = evaluate("--run", run, "--data", tmp_path / "nope")
     assert p.returncode == 2 and "nope.bin: not found" in p.stderr
     # a checkpoint whose recorded config is not the one its weights were trained with
+    meta = json.loads((run / "checkpoints" / "global_step30" / "leviathan.json").read_text())
     meta["config"]["model"]["hidden_size"] = 64
     (run / "checkpoints" / "global_step30" / "leviathan.json").write_text(json.dumps(meta))
     p = evaluate("--run", run, "--no-tensorboard")

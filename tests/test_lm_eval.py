@@ -202,11 +202,13 @@ def test_encode_pair_keeps_the_continuation_exact(tokenizer_model, tmp_path):
     """The scored tokens are the continuation's: the tail of the full text's tokens where no piece spans the
     boundary, the continuation's own tokens where one does; context whitespace moves to the continuation; an
     empty context is EOS alone. A dummy-prefix tokenizer keeps lm-eval's tail (no spurious space)."""
-    from leviathan_pretrain.evaluation.lm_eval_adapter import adds_dummy_prefix, encode_pair
+    from data_prep.tokenizer import open_tokenizer
+    from leviathan_pretrain.evaluation.lm_eval_adapter import encode_pair
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
+    tok = open_tokenizer(str(tokenizer_model))  # the interface encode_pair takes; sp is the reference
     eos = sp.eos_id()
-    assert not adds_dummy_prefix(sp)
+    assert not tok.adds_prefix_space() and tok.eod_id == eos
     cases = [
         ("The cat sat on the", " mat."),
         ("The cat sat on the ", "mat."),
@@ -218,13 +220,13 @@ def test_encode_pair_keeps_the_continuation_exact(tokenizer_model, tmp_path):
     ]
     crossed = 0
     for context, continuation in cases:
-        ctx, cont = encode_pair(sp, context, continuation, eos)
+        ctx, cont = encode_pair(tok, context, continuation, eos)
         assert ctx[0] == eos and eos not in cont
         assert sp.decode(ctx[1:]) + sp.decode(cont) == context + continuation
         assert sp.decode(cont) == context[len(context.rstrip()) :] + continuation
         crossed += sp.encode(context + continuation)[: len(ctx) - 1] != ctx[1:]
-    assert encode_pair(sp, "", "Hello world", eos) == ([eos], sp.encode("Hello world"))
-    assert encode_pair(sp, "The cat", " sat", eos) == ([eos, *sp.encode("The cat")], sp.encode(" sat"))
+    assert encode_pair(tok, "", "Hello world", eos) == ([eos], sp.encode("Hello world"))
+    assert encode_pair(tok, "The cat", " sat", eos) == ([eos, *sp.encode("The cat")], sp.encode(" sat"))
     assert crossed >= 1  # the mid-word cases do cross a piece boundary with this tokenizer
 
     text = ["The quick brown fox jumps over the lazy dog.", "Hello world, this is a test.", "More words here."] * 40
@@ -239,9 +241,10 @@ def test_encode_pair_keeps_the_continuation_exact(tokenizer_model, tmp_path):
             minloglevel=3,
         )
     dummy = spm.SentencePieceProcessor(model_file=str(model))
-    assert adds_dummy_prefix(dummy)
+    dummy_tok = open_tokenizer(str(model))
+    assert dummy_tok.adds_prefix_space()
     for context, continuation in (("The quick brown", " fox jumps"), ("The quick bro", "wn fox")):
-        ctx, cont = encode_pair(dummy, context, continuation, dummy.eos_id())
+        ctx, cont = encode_pair(dummy_tok, context, continuation, dummy.eos_id())
         whole = dummy.encode(context + continuation)
         assert ctx[1:] == dummy.encode(context) and cont == whole[len(ctx) - 1 :]
 

@@ -75,7 +75,7 @@ def test_vocab_size_unset_is_the_tokenizers_of_any_kind(spm_model, gpt2_tiktoken
     from tests.tokenizer_kinds import asset
 
     with pytest.raises(ConfigError, match=r"model\.vocab_size: not set, and there is no data\.tokenizer"):
-        load_config(None, [])
+        load_config(None, ["model.vocab_size=null"])
     cl100k = asset("cl100k_base.tiktoken")
     for tok, extra, n in (
         (spm_model, [], 60),
@@ -83,7 +83,7 @@ def test_vocab_size_unset_is_the_tokenizers_of_any_kind(spm_model, gpt2_tiktoken
         (cl100k, [], 100277),  # cl100k_base: 100,256 ranks + specials up to <|endofprompt|> = 100,276
         (bpe_tokenizer_json.parent, [], 4000),
     ):
-        cfg = load_config(None, [f"data.tokenizer={tok}", *extra])
+        cfg = load_config(None, [f"data.tokenizer={tok}", "model.vocab_size=null", *extra])
         assert cfg.model.vocab_size == n, tok
     # set: checked against the tokenizer, naming both
     with pytest.raises(ConfigError, match=r"model\.vocab_size: 50000 is smaller .*gpt2\.tiktoken \(tiktoken, 50,257"):
@@ -93,5 +93,5 @@ def test_vocab_size_unset_is_the_tokenizers_of_any_kind(spm_model, gpt2_tiktoken
     custom.write_bytes(gpt2_tiktoken.read_bytes()[: -len(gpt2_tiktoken.read_bytes().splitlines()[-1]) - 1])
     with pytest.raises(ConfigError, match=r"data\.tokenizer: .*custom\.tiktoken.*data\.tiktoken_pattern"):
         load_config(None, [f"data.tokenizer={custom}"])
-    cfg = load_config(None, [f"data.tokenizer={custom}", "data.tiktoken_pattern=r50k"])
+    cfg = load_config(None, [f"data.tokenizer={custom}", "data.tiktoken_pattern=r50k", "model.vocab_size=null"])
     assert cfg.model.vocab_size == 50256  # one rank fewer, then <|endoftext|>

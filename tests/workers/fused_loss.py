@@ -21,6 +21,7 @@ import sys
 import torch
 
 from leviathan_pretrain.config import load_config
+from leviathan_pretrain.config_parallel import ParallelConfig
 from leviathan_pretrain.model import BuildSettings, build_model
 from leviathan_pretrain.model.gpt import FinalNorm
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed
@@ -90,7 +91,7 @@ def case(variant, tp, precision, mode, group, pair="loss"):
 def main():
     results = {}
     for tp in (1, 2):
-        env = init_distributed(load_config(None, [f"parallel.tensor_parallel={tp}", "parallel.device=cpu"]).parallel)
+        env = init_distributed(ParallelConfig(tensor_parallel=tp, device="cpu"))
         from megatron.core import parallel_state as ps
 
         group = ps.get_tensor_model_parallel_group()

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import load_config
+from leviathan_pretrain.config_parallel import ParallelConfig
 from leviathan_pretrain.model import BuildSettings, build_model
 from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
 from tests.small_model import small_model_overrides
@@ -65,7 +66,7 @@ def run(variant, tp, env, group):
 def main():
     results = {}
     for tp in (1, 2):
-        env = init_distributed(load_config(None, [f"parallel.tensor_parallel={tp}", "parallel.device=cpu"]).parallel)
+        env = init_distributed(ParallelConfig(tensor_parallel=tp, device="cpu"))
         from megatron.core import parallel_state as ps
 
         group = ps.get_tensor_model_parallel_group()
