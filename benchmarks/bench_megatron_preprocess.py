@@ -112,11 +112,9 @@ def main() -> int:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
         a, b = IndexedDataset(str(work / "mlm_text_document")), IndexedDataset(str(work / "ours"))
-        from tokenizers import Tokenizer
+        from data_prep.tokenizer import open_tokenizer
 
-        tk = Tokenizer.from_file(str(tok / "tokenizer.json"))
-        plain_ids = tk.encode("a", add_special_tokens=False).ids
-        adds = [i for i in tk.encode("a", add_special_tokens=True).ids if i not in plain_ids]
+        adds = open_tokenizer(str(tok)).default_special_ids()  # what the template adds (Megatron writes it)
         same = len(a) == len(b)
         diff = 0
         for i in range(min(len(a), len(b))):

@@ -9,8 +9,9 @@ import base64
 import sys
 from pathlib import Path
 
+from tiktoken_ext.openai_public import r50k_pat_str as R50K_PAT  # tiktoken's own GPT-2 pattern, not a copy
+
 TEST_ASSETS = Path(sys.prefix) / "test-assets"
-R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
 def asset(name: str) -> Path:

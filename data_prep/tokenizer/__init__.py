@@ -45,6 +45,11 @@ def resolve(spec: str) -> tuple[str, str | None]:
 
 def detect_kind(path: str) -> str | None:
     """The kind of the file at ``path`` from its first bytes (SentencePiece: the one that is loaded to know)."""
+    return _detect(path)[0]
+
+
+def _detect(path: str) -> tuple[str | None, object]:
+    """(kind, the loaded SentencePieceProcessor when it is SentencePiece's, so it is loaded once)."""
     from data_prep.tokenizer.tiktoken_file import looks_like_ranks
 
     try:
@@ -53,12 +58,13 @@ def detect_kind(path: str) -> str | None:
     except OSError as e:
         raise UserError(f"{path}: cannot read the tokenizer ({e.strerror})") from None
     if head.lstrip()[:1] == b"{":
-        return "huggingface"
+        return "huggingface", None
     if looks_like_ranks(head):
-        return "tiktoken"
+        return "tiktoken", None
     from data_prep.tokenizer.sp import load_processor
 
-    return "sentencepiece" if load_processor(path) is not None else None
+    sp = load_processor(path)
+    return ("sentencepiece" if sp is not None else None), sp
 
 
 def open_tokenizer(spec: str, pattern: str | None = None, eod_token: str | None = None) -> Tokenizer:
@@ -66,7 +72,9 @@ def open_tokenizer(spec: str, pattern: str | None = None, eod_token: str | None 
     (``--tiktoken-pattern``), ``eod_token``: the end-of-document token's text (``--eod-token``) instead of the
     tokenizer's own. UserError, one line naming the file, for anything unusable."""
     path, kind = resolve(str(spec))
-    kind = kind or detect_kind(path)
+    sp = None
+    if kind is None:
+        kind, sp = _detect(path)
     if kind is None:
         raise UserError(f"{path}: not a tokenizer of a kind data_prep reads ({ACCEPTED})")
     if pattern and kind != "tiktoken":
@@ -83,6 +91,6 @@ def open_tokenizer(spec: str, pattern: str | None = None, eod_token: str | None 
     else:
         from data_prep.tokenizer.sp import SentencePieceTokenizer
 
-        tok = SentencePieceTokenizer(path, eod_token=eod_token)
+        tok = SentencePieceTokenizer(path, sp=sp, eod_token=eod_token)
     tok.check()
     return tok
