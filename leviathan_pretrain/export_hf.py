@@ -5,10 +5,11 @@
 PP shards merged, ZeRO-3 partitions gathered) and writes into ``DIR``:
 
 - ``config.json`` (``LlamaConfig``), ``generation_config.json``, ``model.safetensors``;
-- the tokenizer: ``tokenizer.model`` (the run's SentencePiece model, copied), ``tokenizer.json`` and
-  ``tokenizer_config.json`` (transformers' ``LlamaTokenizer``: no BOS/EOS added, no dummy prefix: it encodes
-  text to exactly the ids of ``SentencePieceProcessor.encode``; checked on probe texts before writing);
-- ``leviathan_export.json``: where it came from (run, tag, step, variant, tokenizer sha256, dtype).
+- the tokenizer, for each kind (:mod:`~.evaluation.hf_tokenizer`): a SentencePiece run's ``tokenizer.model``
+  with transformers' ``LlamaTokenizer`` files, a Hugging Face run's ``tokenizer.json`` as it is, a tiktoken run's
+  encoding converted to a fast byte-level BPE ``tokenizer.json``; each with a ``tokenizer_config.json`` adding no
+  BOS / EOS, loaded back with ``AutoTokenizer`` and checked to give the run's ids on probe texts before writing;
+- ``leviathan_export.json``: where it came from (run, tag, step, variant, tokenizer kind / sha256, dtype).
 
 Every input variant exports as a plain Llama: TIED / UNTIED tables are copied, the input layer of LEV, ALBERT
 and the MLP ablations is a function of the token id alone and is materialised into the dense ``[V, D]``
@@ -49,7 +50,7 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # --dt
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an ``out`` that is a file, a link, or a non-empty directory that is not our export (or is, without
     ``overwrite``)."""
-    from leviathan_pretrain.evaluation.hf_convert import ExportError
+    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
 
     if out.is_symlink():
         raise ExportError(f"{out}: is a symbolic link; give the real directory")
@@ -102,6 +103,7 @@ class Exported:
     tag: str
     step: int
     seconds: float
+    tokenizer: str = ""
 
 
 def export(
@@ -118,15 +120,8 @@ def export(
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    from data_prep.fileio import sha256_file
-    from leviathan_pretrain.evaluation.hf_convert import (
-        ExportError,
-        check_llama_layout,
-        llama_config,
-        llama_state_dict,
-        sentencepiece_ids,
-        write_tokenizer,
-    )
+    from leviathan_pretrain.evaluation.hf_convert import check_llama_layout, llama_config, llama_state_dict
+    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError, special_ids, write_tokenizer
     from leviathan_pretrain.evaluation.load import load_trained
 
     t0 = time.time()
@@ -138,15 +133,10 @@ def export(
     if trained.tokenizer is None:
         where = tokenizer or trained.cfg.data.tokenizer or "(none recorded)"
         raise ExportError(f"{where}: the run's tokenizer is not found; give --tokenizer")
-    if trained.tokenizer.kind != "sentencepiece":
-        raise ExportError(
-            f"{trained.tokenizer.path}: a {trained.tokenizer.kind} tokenizer; export_hf writes the Hugging Face "
-            "tokenizer of SentencePiece runs only so far (Hugging Face and tiktoken exports are not implemented yet)"
-        )
-    tok_path = Path(trained.tokenizer.path)
-    ids = sentencepiece_ids(tok_path)
-    if ids["sp"].vocab_size() != trained.vocab_size:
-        raise ExportError(f"{tok_path}: {ids['sp'].vocab_size()} pieces, the model has vocab_size {trained.vocab_size}")
+    tok = trained.tokenizer
+    if tok.vocab_size > trained.vocab_size:
+        raise ExportError(f"{tok.path}: {tok.vocab_size} ids, more than the model's vocab_size {trained.vocab_size}")
+    ids = special_ids(tok)
     config = llama_config(trained.cfg, ids, DTYPE_NAMES[dtype])
     state = llama_state_dict(trained.model, trained.cfg)
     del trained.model
@@ -167,7 +157,7 @@ def export(
         pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
         GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=pad).save_pretrained(str(tmp))
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        write_tokenizer(tok_path, tmp, ids["sp"])
+        tok_record = write_tokenizer(tok, tmp)
         marker = {
             "format": FORMAT,
             "version": 1,
@@ -177,8 +167,11 @@ def export(
             "step": trained.step,
             "variant": trained.variant,
             "vocab_size": trained.vocab_size,
-            "tokenizer": str(tok_path.absolute()),
-            "tokenizer_sha256": sha256_file(tok_path),
+            "tokenizer": str(Path(tok.path).absolute()),
+            "tokenizer_kind": tok.kind,
+            "tokenizer_sha256": tok.file_sha256,
+            "tokenizer_fingerprint": tok.fingerprint,
+            **tok_record,
             "dtype": dtype,
             "parameters": parameters,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -191,7 +184,15 @@ def export(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(out, files, parameters, dtype, trained.variant, trained.tag, trained.step, time.time() - t0)
+    tok_note = f"{tok.kind} {Path(tok.path).name} -> {', '.join(tok_record['tokenizer_files'])}"
+    if tok_record.get("post_processor_removed_ids"):
+        tok_note += (
+            f" (without the source's post-processor, which adds ids {tok_record['post_processor_removed_ids']}: "
+            "the training data has none)"
+        )
+    return Exported(
+        out, files, parameters, dtype, trained.variant, trained.tag, trained.step, time.time() - t0, tok_note
+    )
 
 
 def _public(path: Path, mode: int) -> None:
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
         "--step", type=int, default=None, metavar="N", help="export global_step<N> (default: the latest checkpoint)"
     )
     ap.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="checkpoints here, not RUN_DIR/checkpoints")
-    ap.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.model (default: the run's)")
+    ap.add_argument("--tokenizer", default=None, metavar="PATH", help="the tokenizer, any kind (default: the run's)")
     ap.add_argument("--out", required=True, metavar="DIR", help="the export directory to create")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_NAMES), help="weight dtype (default bf16)")
     ap.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR (only one of ours)")
@@ -245,6 +246,7 @@ def main(argv=None) -> int:
         f"exported {done.variant} {done.tag} (step {done.step}) of {args.run} as LlamaForCausalLM to {done.out}\n"
         f"  {done.parameters:,} parameters ({done.parameters / 1e6:.2f}M), dtype {DTYPE_NAMES[done.dtype]}\n"
         f"  files: {files}\n"
+        f"  tokenizer: {done.tokenizer}\n"
         f"  load: AutoModelForCausalLM.from_pretrained({str(done.out)!r}); AutoTokenizer.from_pretrained(same)\n"
         f"  done in {done.seconds:.1f} s",
         flush=True,

@@ -2,7 +2,8 @@
 with a 70k-id tiktoken encoding (int32 shards) train 20 steps with ``model.vocab_size`` taken from the tokenizer,
 the checkpoint records the fingerprint, and evaluate scores WikiText through the same tokenizer (its token count
 is the library's own encoding of the articles). A changed tokenizer is refused against the shards' manifest
-naming both files; export_hf refuses the kinds it cannot write yet."""
+naming both files; export_hf writes a Hugging Face directory whose AutoTokenizer gives the library's ids on the
+articles and whose LlamaForCausalLM gives our logits."""
 
 import json
 import math
@@ -84,16 +85,39 @@ def test_train_and_evaluate_with_each_kind(name, request, minipile_dir, tokenize
     articles = [t for _, t in T.wikitext_articles(str(small)).items]
     assert w["tokens"] == sum(len(ids) for ids in encode(articles)) and math.isfinite(w["token_ppl"])
 
-    # export: refused with the reason (not implemented for this kind yet), before anything is written
+    # export: AutoTokenizer gives the library's ids on the articles, the model's logits are ours on them
     e = subprocess.run(
-        [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", tmp_path / "run", "--out", tmp_path / "hf"],
+        [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", tmp_path / "run", "--out", tmp_path / "hf"]
+        + ["--dtype", "fp32"],
         cwd=REPO,
         env=base_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert e.returncode == 2 and f"a {kind} tokenizer" in e.stderr and not (tmp_path / "hf").exists(), e.stderr
+    assert e.returncode == 0 and "as LlamaForCausalLM" in e.stdout, e.stderr[-3000:]
+    mark = json.loads((tmp_path / "hf/leviathan_export.json").read_text())
+    assert mark["tokenizer_kind"] == kind and mark["tokenizer_fingerprint"] == m["tokenizer"]["fingerprint"]
+    _check_export(tmp_path / "run", tmp_path / "hf", articles, encode(articles), m["tokenizer"]["eod_id"])
+
+
+def _check_export(run, out, texts, want, eod):
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from leviathan_pretrain.evaluation.load import eval_world, load_trained
+    from leviathan_pretrain.evaluation.scoring import logits_for
+
+    hf = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert [hf.encode(t) for t in texts] == [list(ids) for ids in want] and hf.eos_token_id == eod
+    model = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32, local_files_only=True).eval()
+    ids = torch.tensor([list(want[0][:64])])
+    with eval_world("cpu"):
+        ours = load_trained(run)
+        mine = logits_for(ours.model, ids, ours.vocab_size)
+    with torch.no_grad():
+        theirs = model(ids).logits
+    assert theirs.shape == mine.shape and (theirs - mine).abs().max().item() < 1e-4
 
 
 @pytest.mark.timeout(300)

@@ -78,8 +78,14 @@ def write_big_ranks(gpt2: Path, texts, out: Path, extra: int = 20000) -> Path:
     return out
 
 
-def reference_encoder(kind: str, path: Path):
-    """``(encode(texts) -> list[list[int]], eod_id, vocab_size)`` from the library itself."""
+def reference_encoder(kind: str, path: Path, pat_str: str = R50K_PAT):
+    """``(encode(texts) -> list[list[int]], eod_id, vocab_size)`` from the library itself (tiktoken: ``path``'s
+    ranks split with ``pat_str``, ordinary encoding)."""
+    if kind == "sentencepiece":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+        return (lambda texts: sp.encode(list(texts))), sp.eos_id(), sp.vocab_size()
     if kind == "huggingface":
         from tokenizers import Tokenizer
 
@@ -93,5 +99,5 @@ def reference_encoder(kind: str, path: Path):
 
     ranks = read_ranks(path)
     eod = max(ranks.values()) + 1
-    enc = tiktoken.Encoding("ref", pat_str=R50K_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eod})
+    enc = tiktoken.Encoding("ref", pat_str=pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eod})
     return (lambda texts: enc.encode_ordinary_batch(texts, num_threads=2)), eod, eod + 1

@@ -5,40 +5,17 @@
   ``[q heads of the group; k; v]``) and ``linear_fc1`` (``[gate; up]``) split, the padded vocabulary rows
   dropped, the input layer of every non-table variant materialised into the dense ``embed_tokens`` table;
   :func:`check_llama_layout` compares names and shapes with a meta-device ``LlamaForCausalLM``;
-- :func:`write_tokenizer` -> ``tokenizer.model`` + ``tokenizer.json`` + ``tokenizer_config.json`` of a
-  ``LlamaTokenizer`` that encodes as ``SentencePieceProcessor.encode`` does (checked on :data:`PROBES`);
 - :func:`greedy_decode` -> greedy continuation with the repo's own model (the reference for HF ``generate()``).
 
-Used by ``python -m leviathan_pretrain.export_hf`` (docs/export.md).
+The tokenizer is written by :mod:`.hf_tokenizer`. Used by ``python -m leviathan_pretrain.export_hf`` (docs/export.md).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import torch
 
-from leviathan_pretrain.evaluation.load import EvalError
+from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
 from leviathan_pretrain.evaluation.scoring import logits_for
-
-# Texts the converted HF tokenizer must encode to SentencePiece's ids before anything is written.
-PROBES = (
-    "Hello world. The quick brown fox jumps over the lazy dog.",
-    " leading space,  two spaces,   three, trailing  ",
-    "line one\nline two\n\n\tindented\r\nwindows line",
-    "unicode: café naïve Ωμέγα 日本語のテキスト 😀 emoji, math ≈ √2",
-    "numbers 12345 and 3.14159, dates 2024-01-31, $9.99",
-    "control pieces as text: <s> </s> <unk>",
-    "",
-    "x",
-)
-
-
-class ExportError(EvalError):
-    """An export that cannot be done (output directory, tokenizer, dtype); the message names the file."""
-
 
 # ---------------------------------------------------------------- greedy reference decoding
 
@@ -64,7 +41,8 @@ def greedy_decode(model, ids: torch.Tensor, n: int, vocab_size: int, eos_id: int
 
 
 def llama_config(cfg, tokenizer_ids: dict, dtype: str):
-    """The ``LlamaConfig`` of the run's ``cfg.model`` (``tokenizer_ids``: bos / eos / pad from SentencePiece)."""
+    """The ``LlamaConfig`` of the run's ``cfg.model`` (``tokenizer_ids``: bos / eos / pad ids,
+    :func:`.hf_tokenizer.special_ids`)."""
     from transformers import LlamaConfig
 
     m = cfg.model
@@ -155,73 +133,3 @@ def check_llama_layout(config, state: dict) -> None:
     if have != want:
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         raise ExportError(f"the converted weights do not fit LlamaForCausalLM: {', '.join(diff[:5])}")
-
-
-# ---------------------------------------------------------------- the tokenizer
-
-
-def sentencepiece_ids(path: Path) -> dict:
-    """bos / eos / pad / unk ids of a SentencePiece model (None where the model has none)."""
-    import sentencepiece as spm
-
-    try:
-        sp = spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as e:
-        raise ExportError(f"{path}: not a SentencePiece model ({e})") from None
-
-    def opt(i):
-        return None if i < 0 else int(i)
-
-    return dict(bos=opt(sp.bos_id()), eos=opt(sp.eos_id()), pad=opt(sp.pad_id()), unk=opt(sp.unk_id()), sp=sp)
-
-
-def write_tokenizer(path: Path, out: Path, sp) -> None:
-    """``tokenizer.model`` (copied), ``tokenizer.json`` and ``tokenizer_config.json`` of a ``LlamaTokenizer`` that
-    encodes as ``sp`` does (no added BOS / EOS: the training data has none); checked on :data:`PROBES`."""
-    from sentencepiece import sentencepiece_model_pb2
-    from transformers import AutoTokenizer, LlamaTokenizer
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(path.read_bytes())
-    norm = proto.normalizer_spec
-    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.BPE:
-        raise ExportError(
-            f"{path}: a {proto.trainer_spec.ModelType.Name(proto.trainer_spec.model_type)} model; "
-            "the Llama tokenizer export needs a BPE SentencePiece model"
-        )
-    if norm.name != "identity" or norm.precompiled_charsmap or norm.remove_extra_whitespaces:
-        raise ExportError(
-            f"{path}: normalizer {norm.name!r} (remove_extra_whitespaces={norm.remove_extra_whitespaces}); "
-            "the Llama tokenizer export needs the identity normalizer (as data_prep trains it)"
-        )
-    src = out / ".tokenizer-src"
-    src.mkdir()
-    shutil.copyfile(path, src / "tokenizer.model")
-    tok = LlamaTokenizer.from_pretrained(
-        str(src),
-        add_prefix_space=bool(norm.add_dummy_prefix),
-        add_bos_token=False,
-        add_eos_token=False,
-        legacy=False,
-        local_files_only=True,
-    )
-    tok.save_pretrained(str(out))
-    shutil.rmtree(src)
-    shutil.copyfile(path, out / "tokenizer.model")
-    conf_path = out / "tokenizer_config.json"
-    conf = json.loads(conf_path.read_text())
-    for junk in ("is_local", "local_files_only", "name_or_path"):
-        conf.pop(junk, None)
-    # split_special_tokens: "<s>" in a text is text, as SentencePiece (and so the training data) has it
-    conf.update(
-        add_bos_token=False,
-        add_eos_token=False,
-        legacy=False,
-        split_special_tokens=True,
-        tokenizer_class="LlamaTokenizer",
-    )
-    conf_path.write_text(json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
-    hf = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    for text in PROBES:
-        if hf.encode(text) != sp.encode(text):
-            raise ExportError(f"{path}: the converted Hugging Face tokenizer encodes {text!r} differently")
