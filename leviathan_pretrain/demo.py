@@ -44,6 +44,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=120, help="training steps (default 120: a few minutes on 2 cores)")
     ap.add_argument("--data-prefix", default=None, help="use this shard instead of running data_prep.demo")
     ap.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="the tokenizer --data-prefix was written with, any kind (tokenizer.model, tokenizer.json or its "
+        "directory, a .tiktoken file with data.tiktoken_pattern=..., tiktoken:NAME); the vocabulary is its",
+    )
+    ap.add_argument(
         "--fresh",
         action="store_true",
         help="delete the previous demo training run first (only a directory the demo created)",
@@ -61,8 +68,14 @@ def main(argv=None) -> int:
     run_dir = out / "train"
 
     valid = None
+    if args.tokenizer and not args.data_prefix:
+        print(
+            "error: --tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)",
+            file=sys.stderr,
+        )
+        return 2
     if args.data_prefix:
-        prefix, tokenizer, vocab = args.data_prefix, None, None
+        prefix, tokenizer, vocab = args.data_prefix, args.tokenizer, None
     else:
         print(f"[demo] data: data_prep.demo.run_demo({str(out)!r})", flush=True)
 
@@ -73,7 +86,7 @@ def main(argv=None) -> int:
     print(
         f"[demo] training data: {prefix}"
         + (f", validation {valid}" if valid else "")
-        + (f" (tokenizer {tokenizer}, {vocab} ids)" if tokenizer else ""),
+        + (f" (tokenizer {tokenizer}" + (f", {vocab} ids)" if vocab else ")") if tokenizer else ""),
         flush=True,
     )
 

@@ -138,3 +138,36 @@ def test_a_changed_tokenizer_is_refused_against_the_shards(bpe_tokenizer_json, m
     err = p.stderr.strip().splitlines()[-1]
     assert "another or a changed tokenizer" in err and str(d / "tokenizer.json") in err and "val.manifest.json" in err
     assert f"data.tokenizer={d}" in err
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(600)
+def test_demo_takes_the_tokenizer_of_its_shards(bpe_tokenizer_json, minipile_dir, tokenize, tmp_path):
+    """The main job on a user's shards written with a tokenizer.json directory: trains (vocabulary from it),
+    evaluates and exports with it; --tokenizer without --data-prefix is refused."""
+    import shutil
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    shutil.copy(bpe_tokenizer_json, d / "tokenizer.json")
+    tokenize(minipile_dir / "val.jsonl.zst", d, tmp_path / "val", "--workers", 2)
+    wiki = tmp_path / "wiki.raw"
+    lines = WIKI.read_text().splitlines(keepends=True)
+    wiki.write_text("".join(lines[:60]))
+    demo = [sys.executable, "-m", "leviathan_pretrain.demo", "--out", tmp_path / "demo", "--wikitext", wiki]
+    p = subprocess.run(
+        [*demo, "--data-prefix", tmp_path / "val", "--tokenizer", d, "--steps", "6", "model.seq_length=64"],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"(tokenizer {d})" in p.stdout and "[demo] Hugging Face model:" in p.stdout
+    mark = json.loads((tmp_path / "demo/hf/leviathan_export.json").read_text())
+    assert mark["tokenizer_kind"] == "huggingface" and mark["vocab_size"] == 4000
+    assert (tmp_path / "demo/hf/tokenizer.json").read_bytes() == bpe_tokenizer_json.read_bytes()
+
+    p = subprocess.run([*demo, "--tokenizer", d], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--tokenizer goes with --data-prefix" in p.stderr, p.stderr
