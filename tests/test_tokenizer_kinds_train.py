@@ -7,12 +7,11 @@ articles and whose LlamaForCausalLM gives our logits."""
 
 import json
 import math
-import subprocess
-import sys
+import shutil
 
 import pytest
 
-from tests.multiproc import REPO, base_env
+from tests.multiproc import run_python
 from tests.test_evaluate import WIKI, evaluate
 from tests.tokenizer_kinds import reference_encoder
 
@@ -39,13 +38,14 @@ TINY = [
 
 
 def train(out, *over, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "leviathan_pretrain.train", "--config", "configs/tiny-cpu-lev.yaml", *TINY, *over]
-        + [f"train.out_dir={out}"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
+    return run_python(
+        "-m",
+        "leviathan_pretrain.train",
+        "--config",
+        "configs/tiny-cpu-lev.yaml",
+        *TINY,
+        *over,
+        f"train.out_dir={out}",
         timeout=timeout,
     )
 
@@ -86,13 +86,15 @@ def test_train_and_evaluate_with_each_kind(name, request, minipile_dir, tokenize
     assert w["tokens"] == sum(len(ids) for ids in encode(articles)) and math.isfinite(w["token_ppl"])
 
     # export: AutoTokenizer gives the library's ids on the articles, the model's logits are ours on them
-    e = subprocess.run(
-        [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", tmp_path / "run", "--out", tmp_path / "hf"]
-        + ["--dtype", "fp32"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
+    e = run_python(
+        "-m",
+        "leviathan_pretrain.export_hf",
+        "--run",
+        tmp_path / "run",
+        "--out",
+        tmp_path / "hf",
+        "--dtype",
+        "fp32",
         timeout=300,
     )
     assert e.returncode == 0 and "as LlamaForCausalLM" in e.stdout, e.stderr[-3000:]
@@ -120,15 +122,18 @@ def _check_export(run, out, texts, want, eod):
     assert theirs.shape == mine.shape and (theirs - mine).abs().max().item() < 1e-4
 
 
+def _tokenizer_dir(tokenizer_json, d):
+    """A user's tokenizer directory holding a copy of ``tokenizer_json`` (the tests change or name it)."""
+    d.mkdir()
+    shutil.copy(tokenizer_json, d / "tokenizer.json")
+    return d
+
+
 @pytest.mark.timeout(300)
 def test_a_changed_tokenizer_is_refused_against_the_shards(bpe_tokenizer_json, minipile_dir, tokenize, tmp_path):
-    import shutil
-
     from tokenizers import Tokenizer
 
-    d = tmp_path / "tok"
-    d.mkdir()
-    shutil.copy(bpe_tokenizer_json, d / "tokenizer.json")
+    d = _tokenizer_dir(bpe_tokenizer_json, tmp_path / "tok")
     tokenize(minipile_dir / "val.jsonl.zst", d, tmp_path / "val", "--workers", 2)
     tk = Tokenizer.from_file(str(d / "tokenizer.json"))
     tk.add_special_tokens(["<|pad|>"])
@@ -145,23 +150,14 @@ def test_a_changed_tokenizer_is_refused_against_the_shards(bpe_tokenizer_json, m
 def test_demo_takes_the_tokenizer_of_its_shards(bpe_tokenizer_json, minipile_dir, tokenize, tmp_path):
     """The main job on a user's shards written with a tokenizer.json directory: trains (vocabulary from it),
     evaluates and exports with it; --tokenizer without --data-prefix is refused."""
-    import shutil
-
-    d = tmp_path / "tok"
-    d.mkdir()
-    shutil.copy(bpe_tokenizer_json, d / "tokenizer.json")
+    d = _tokenizer_dir(bpe_tokenizer_json, tmp_path / "tok")
     tokenize(minipile_dir / "val.jsonl.zst", d, tmp_path / "val", "--workers", 2)
     wiki = tmp_path / "wiki.raw"
     lines = WIKI.read_text().splitlines(keepends=True)
     wiki.write_text("".join(lines[:60]))
-    demo = [sys.executable, "-m", "leviathan_pretrain.demo", "--out", tmp_path / "demo", "--wikitext", wiki]
-    p = subprocess.run(
-        [*demo, "--data-prefix", tmp_path / "val", "--tokenizer", d, "--steps", "6", "model.seq_length=64"],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=540,
+    demo = ["-m", "leviathan_pretrain.demo", "--out", tmp_path / "demo", "--wikitext", wiki]
+    p = run_python(
+        *demo, "--data-prefix", tmp_path / "val", "--tokenizer", d, "--steps", "6", "model.seq_length=64", timeout=540
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"(tokenizer {d})" in p.stdout and "[demo] Hugging Face model:" in p.stdout
@@ -169,5 +165,5 @@ def test_demo_takes_the_tokenizer_of_its_shards(bpe_tokenizer_json, minipile_dir
     assert mark["tokenizer_kind"] == "huggingface" and mark["vocab_size"] == 4000
     assert (tmp_path / "demo/hf/tokenizer.json").read_bytes() == bpe_tokenizer_json.read_bytes()
 
-    p = subprocess.run([*demo, "--tokenizer", d], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
+    p = run_python(*demo, "--tokenizer", d, timeout=120)
     assert p.returncode == 2 and "--tokenizer goes with --data-prefix" in p.stderr, p.stderr
