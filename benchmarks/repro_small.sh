@@ -11,7 +11,8 @@
 # 3. the runs (RUNS below: six variants on one body, two second seeds, and the three follow-up questions), each on
 #    2 CPU ranks (DP=2): through `python -m launchers.slurm sweep`/`submit` when a SLURM cluster answers (sinfo)
 #    and --launcher is not local, else through launchers/local.py;
-# 4. python -m leviathan_pretrain.evaluate on each run (validation ppl, frequency buckets, WikiText-103 zero-shot),
+# 4. python -m leviathan_pretrain.evaluate on the runs without a report, in one process (validation ppl, frequency
+#    buckets, WikiText-103 zero-shot; a report per run, its evaluation time in timings.tsv from the report),
 # 5. python -m leviathan_pretrain.compare over all runs (TIED the baseline) into OUT/compare/.
 #
 # Resumable: a finished run (checkpoint at its last step) is not trained again, an interrupted one resumes from its
@@ -25,7 +26,7 @@ REPO=$PWD
 
 OUT="" LAUNCHER=auto CORPUS="" DRY=0 ONLY=""
 WIKITEXT="$REPO/../shared/data/wikitext-103-test.raw"
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -58,7 +59,9 @@ if [ "$DRY" = 1 ]; then STEPS=2 LONG_STEPS=2 EVAL_TOKENS=3000 SAVE=2; fi
 BODY=(model.vocab_size=$VOCAB train.micro_batch_size=8 train.global_batch_size=16 optim.warmup_steps=60
       train.eval_interval=60 train.eval_iters=10 checkpoint.save_interval=$SAVE checkpoint.keep_last=2
       logging.log_interval=50 data.seed=1234 train.seed=1234)
-[ "$DRY" = 1 ] && BODY+=(train.eval_interval=2 train.eval_iters=1 optim.warmup_steps=1 logging.log_interval=1)
+# --dry: the same body at 2 x 2 sequences a step (the study's 8 x 2 only makes two steps slower, not more checked)
+[ "$DRY" = 1 ] && BODY+=(train.micro_batch_size=2 train.global_batch_size=4 train.eval_interval=2 train.eval_iters=1
+                         optim.warmup_steps=1 logging.log_interval=1)
 SPEC_LEV=(model.lev.seed_dim=128 model.lev.heads=8 model.lev.knots=16 model.lev.rank=64)  # lev-spec.md defaults
 # name | config | steps | extra overrides
 RUNS=(
@@ -187,20 +190,24 @@ if [ ${#pending[@]} -gt 0 ]; then
 fi
 
 # ---------------------------------------------------------------- 4-5. evaluation and comparison
-runs=()
+runs=() todo=() names=()
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name variant steps extra <<< "$spec"
   selected "$name" || continue
   runs+=("$OUT/runs/$name")
-  if [ ! -f "$OUT/runs/$name/eval/global_step$steps.json" ]; then
-    say "$name: evaluating"; t=$SECONDS
-    mkdir -p "$OUT/runs/$name/eval"
-    log="$OUT/runs/$name/eval/console-global_step$steps.txt"
-    python -m leviathan_pretrain.evaluate --run "$OUT/runs/$name" --max-tokens $EVAL_TOKENS "${WIKI_ARGS[@]}" \
-        --quiet > "$log" 2>&1 || { tail -20 "$log"; echo "error: evaluation of $name failed ($log)" >&2; exit 1; }
-    timing eval "$name" $((SECONDS - t))
-  fi
+  if [ ! -f "$OUT/runs/$name/eval/global_step$steps.json" ]; then todo+=("$OUT/runs/$name"); names+=("$name"); fi
 done
+if [ ${#todo[@]} -gt 0 ]; then  # one process for all (the libraries load once); a report per run
+  say "evaluating ${#todo[@]} run(s): ${names[*]}"; t=$SECONDS
+  log="$OUT/eval-console-$(date -u +%Y%m%dT%H%M%SZ).txt"
+  python -m leviathan_pretrain.evaluate --run "${todo[@]}" --max-tokens $EVAL_TOKENS "${WIKI_ARGS[@]}" --quiet \
+      > "$log" 2>&1 || { tail -20 "$log"; echo "error: evaluation failed ($log; the runs before it kept their reports)" >&2; exit 1; }
+  for i in "${!todo[@]}"; do  # each run's own evaluation time, from its report
+    timing eval "${names[$i]}" "$(python -c 'import json, sys; print(round(json.load(open(sys.argv[1]))["seconds"]))' \
+        "$(ls -t "${todo[$i]}"/eval/global_step*.json | head -1)")"
+  done
+  timing eval-process "${#todo[@]}-runs" $((SECONDS - t))
+fi
 say "comparing ${#runs[@]} runs -> $OUT/compare"
 BASE=()
 selected sweep/tiny-cpu-tied && BASE=(--baseline "$OUT/runs/sweep/tiny-cpu-tied")

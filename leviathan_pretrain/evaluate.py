@@ -1,14 +1,15 @@
 """Evaluate a trained run: held-out perplexity, perplexity by training frequency, WikiText, LAMBADA.
 
-    python -m leviathan_pretrain.evaluate --run RUN_DIR [--step N] [--data PREFIX ...] [--wikitext FILE]
-        [--lambada FILE] [--out report.json] [options]
+    python -m leviathan_pretrain.evaluate --run RUN_DIR [RUN_DIR ...] [--step N] [--data PREFIX ...]
+        [--wikitext FILE] [--lambada FILE] [--out report.json] [options]
 
 Loads the checkpoint (any TP / PP / ZeRO layout, merged into one model: leviathan_pretrain/evaluation/load.py)
 on one process, or data-parallel on every rank of a launch (``python launchers/local.py -n N -- -m
 leviathan_pretrain.evaluate ...``, torchrun, srun: each rank scores a share of the windows). Writes a JSON
 report (default ``RUN/eval/<tag>.json``), ``eval/...`` TensorBoard scalars into the run's TensorBoard directory
-at the checkpoint's step, and prints a table. Every target token is scored exactly once (sliding windows:
-only the new tokens of a window are scored). Full reference: docs/evaluation.md.
+at the checkpoint's step, and prints a table. Several runs (a sweep) are evaluated one after another in one process
+with the same settings, each into its own report: the libraries are loaded once. Every target token is scored
+exactly once (sliding windows: only the new tokens of a window are scored). Full reference: docs/evaluation.md.
 
 Exit codes: 0 done; 2 bad input (run, checkpoint, tokenizer, data or text file), named in one error line.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 EXAMPLES = """examples:
   python -m leviathan_pretrain.evaluate --run runs/1.2b-lev
   python -m leviathan_pretrain.evaluate --run runs/demo/train --wikitext ../shared/data/wikitext-103-test.raw
+  python -m leviathan_pretrain.evaluate --run runs/sweep/* --max-tokens 400000   # each into RUN/eval/<tag>.json
   python -m leviathan_pretrain.evaluate --run runs/200m-lev --step 8000 --data data/pile_val --max-tokens 2000000 \\
       --quantile-buckets 5 --out lev-8000.json"""
 
@@ -37,7 +39,12 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = ap.add_argument_group("what to load")
-    g.add_argument("--run", required=True, help="the run directory (train.out_dir), or its checkpoint directory")
+    g.add_argument(
+        "--run",
+        required=True,
+        nargs="+",
+        help="the run directory (train.out_dir), or its checkpoint directory; several: each is evaluated in turn",
+    )
     g.add_argument("--step", type=int, help="evaluate global_step<N> (default: latest)")
     g.add_argument("--checkpoint-dir", help="the run's checkpoint.dir when it is not RUN/checkpoints")
     g.add_argument(
@@ -72,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when available")
     g.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="compute dtype (fp32; bf16 on GPU)")
     g = ap.add_argument_group("output")
-    g.add_argument("--out", help="the JSON report (default RUN/eval/<tag>.json)")
+    g.add_argument("--out", help="the JSON report (default RUN/eval/<tag>.json; one --run only)")
     g.add_argument("--no-tensorboard", action="store_true", help="do not write eval/ scalars to the run's TensorBoard")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     return ap
@@ -89,6 +96,9 @@ def _check_args(ns) -> None:
         ns.edges = [float(x) for x in ns.bucket_edges.split(",") if x.strip()]
     except ValueError:
         raise EvalError(f"--bucket-edges: {ns.bucket_edges!r} is not a comma-separated list of numbers") from None
+    if ns.out and len(ns.runs) > 1:
+        raise EvalError(f"--out names one report and {len(ns.runs)} runs were given: leave --out out, and each report "
+                        "is written to RUN/eval/<tag>.json")  # fmt: skip
 
 
 def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
@@ -216,6 +226,7 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
 
 def main(argv=None) -> int:
     ns = parser().parse_args(argv)
+    ns.runs = ns.run
     import warnings
 
     # megatron-core's notices on machines without Transformer Engine / Apex (every CPU): expected, not news
@@ -228,24 +239,31 @@ def main(argv=None) -> int:
             import torch.distributed as dist
 
             world = (dist.get_rank(), dist.get_world_size())
-            report, tb = evaluate(ns, world, device)
-        if world[0] != 0:
-            return 0
-        from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars, write_report
-
-        out = Path(ns.out) if ns.out else Path(ns.run) / "eval" / f"{report['tag']}.json"
-        write_report(out, report)
-        print(console_table(report))
-        print(f"\nreport: {out}")
-        if tb is not None and not ns.no_tensorboard:
-            from leviathan_pretrain.evaluation.report import write_tensorboard
-
-            write_tensorboard(tb, report["step"], tensorboard_scalars(report))
-            print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
+            for i, run in enumerate(ns.runs):
+                if len(ns.runs) > 1 and world[0] == 0:
+                    print(f"[evaluate] run {i + 1}/{len(ns.runs)}: {run}", flush=True)
+                one = argparse.Namespace(**{**vars(ns), "run": run})
+                report, tb = evaluate(one, world, device)
+                if world[0] == 0:
+                    _write(one, report, tb)
         return 0
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _write(ns, report: dict, tb: Path | None) -> None:
+    from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars, write_report
+
+    out = Path(ns.out) if ns.out else Path(ns.run) / "eval" / f"{report['tag']}.json"
+    write_report(out, report)
+    print(console_table(report))
+    print(f"\nreport: {out}")
+    if tb is not None and not ns.no_tensorboard:
+        from leviathan_pretrain.evaluation.report import write_tensorboard
+
+        write_tensorboard(tb, report["step"], tensorboard_scalars(report))
+        print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
 
 
 def _tensorboard_dir(ns, cfg) -> Path | None:

@@ -40,6 +40,20 @@ def evaluate(*args, timeout=300) -> subprocess.CompletedProcess:
     )
 
 
+def evaluate_here(*args) -> subprocess.CompletedProcess:
+    """``evaluate``'s ``main`` in this process (its exit code and output, as the command gives them): for the bad-input
+    cases, which need no fresh process and would each pay the libraries' import again."""
+    import contextlib
+    import io
+
+    from leviathan_pretrain.evaluate import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def run_copy(trained_run, tmp_path):
     """A copy of a trained run (evaluation writes eval/ and TensorBoard files into it)."""
@@ -226,40 +240,47 @@ def test_wikitext_and_lambada_equal_a_plain_recomputation(run_copy, world, tmp_p
 
 
 def test_two_data_parallel_ranks_equal_one_process(run_copy, minipile_shards, tmp_path):
-    run = run_copy("lev-tp2")
-    args = ["--run", run, "--data", minipile_shards["val"], "--max-tokens", 2000, "--context", 32, "--no-tensorboard"]
-    assert evaluate(*args, "--out", tmp_path / "one.json").returncode == 0
-    run_ranks(["-m", "leviathan_pretrain.evaluate", *map(str, args), "--out", str(tmp_path / "two.json")], timeout=240)
-    one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
+    """Also several runs in one process (a sweep): TIED then LEV on two ranks; LEV's report equals LEV alone."""
+    run, before = run_copy("lev-tp2"), run_copy("tied-tp2")
+    opts = ["--data", minipile_shards["val"], "--max-tokens", 2000, "--context", 32, "--no-tensorboard"]
+    assert evaluate("--run", run, *opts, "--out", tmp_path / "one.json").returncode == 0
+    run_ranks(["-m", "leviathan_pretrain.evaluate", "--run", str(before), str(run), *map(str, opts)], timeout=240)
+    one = json.loads((tmp_path / "one.json").read_text())
+    two, tied = (json.loads((r / "eval" / "global_step30.json").read_text()) for r in (run, before))
     assert two["settings"]["world"] == 2 and one["heldout"][0]["tokens"] == two["heldout"][0]["tokens"]
     assert abs(one["heldout"][0]["loss"] - two["heldout"][0]["loss"]) < 1e-9
     assert [b["tokens"] for b in one["frequency"]["buckets"]] == [b["tokens"] for b in two["frequency"]["buckets"]]
+    assert (two["variant"], tied["variant"]) == ("lev", "tied") and tied["heldout"][0]["tokens"] == two["heldout"][0][
+        "tokens"
+    ]
+    assert abs(tied["heldout"][0]["loss"] - two["heldout"][0]["loss"]) > 1e-3  # each run its own weights
 
 
 def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards, gpt2_tiktoken):
     empty = tmp_path / "empty-run"
     (empty / "checkpoints").mkdir(parents=True)
-    p = evaluate("--run", empty)
-    last = p.stderr.strip().splitlines()[-1]  # (after the libraries' import warnings)
-    assert p.returncode == 2 and last.startswith("error: ") and "no complete checkpoint" in last
-    assert str(empty / "checkpoints") in p.stderr and "Traceback" not in p.stderr
+    p = evaluate_here("--run", empty)  # any exception but the one-line error would propagate here and fail the test
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr
+    assert "no complete checkpoint" in p.stderr and str(empty / "checkpoints") in p.stderr
     run = run_copy("lev-tp2")
-    p = evaluate("--run", run, "--step", 7)
+    p = evaluate_here("--run", run, "--step", 7)
     assert p.returncode == 2 and "no complete checkpoint at step 7" in p.stderr and "global_step30" in p.stderr
     other = tmp_path / "other.tiktoken"  # another real tokenizer (GPT-2's ranks): another fingerprint
     shutil.copy(gpt2_tiktoken, other)
-    p = evaluate("--run", run, "--tokenizer", other, "--no-heldout", "--wikitext", WIKI)
+    p = evaluate_here("--run", run, "--tokenizer", other, "--no-heldout", "--wikitext", WIKI)
     assert p.returncode == 2 and str(other) in p.stderr
     assert "differs from the tokenizer this run trained with" in p.stderr
     blank = tmp_path / "blank.raw"
     blank.write_text("\n\n   \n")
-    p = evaluate("--run", run, "--no-heldout", "--wikitext", blank)
+    p = evaluate_here("--run", run, "--no-heldout", "--wikitext", blank)
     assert p.returncode == 2 and str(blank) in p.stderr and "no article" in p.stderr
-    p = evaluate("--run", run, "--data", tmp_path / "nope")
+    p = evaluate_here("--run", run, "--data", tmp_path / "nope")
     assert p.returncode == 2 and "nope.bin: not found" in p.stderr
+    p = evaluate_here("--run", run, run, "--out", tmp_path / "r.json")
+    assert p.returncode == 2 and "--out names one report and 2 runs were given" in p.stderr
     # a checkpoint whose recorded config is not the one its weights were trained with
     meta = json.loads((run / "checkpoints" / "global_step30" / "leviathan.json").read_text())
     meta["config"]["model"]["hidden_size"] = 64
     (run / "checkpoints" / "global_step30" / "leviathan.json").write_text(json.dumps(meta))
-    p = evaluate("--run", run, "--no-tensorboard")
-    assert p.returncode == 2 and "another configuration" in p.stderr and "Traceback" not in p.stderr
+    p = evaluate_here("--run", run, "--no-tensorboard")
+    assert p.returncode == 2 and "another configuration" in p.stderr and p.stderr.count("\n") == 1

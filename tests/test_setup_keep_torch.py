@@ -40,8 +40,8 @@ def test_keep_torch_installs_the_rest_and_never_replaces_torch(tmp_path):
     venv = tmp_path / "cluster-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "torch==2.13.0"], check=True, capture_output=True, timeout=300)
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]  # the site's build
+    subprocess.run([*pip, "torch==2.13.0"], check=True, capture_output=True, timeout=300)  # (bytecode: not our job)
     (marker,) = glob.glob(str(venv / "lib" / "python3.*" / "site-packages" / "torch-*.dist-info" / "INSTALLER"))
     Path(marker).write_text("site-cuda-build\n")  # what a reinstall by pip would overwrite with "pip"
 

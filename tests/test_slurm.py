@@ -84,6 +84,8 @@ def tiny(minipile_shards, tokenizer_model) -> list[str]:
         f"data.valid_prefixes=[{minipile_shards['val']}]",
         f"data.tokenizer={tokenizer_model}",
         "parallel.tensor_parallel=2",
+        "train.micro_batch_size=4",  # half the config's 8: the jobs check launching, not the model (~0.5 s a step)
+        "train.global_batch_size=4",
         f"train.steps={STEPS}",
         "train.eval_interval=20",
         "train.eval_iters=2",
