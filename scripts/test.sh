@@ -16,4 +16,6 @@ from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 ShareMemCommBuilder().load(verbose=False)
 print(f"[test] DeepSpeed CPU op deepspeed_shm_comm ready ({time.time() - t:.0f} s)", flush=True)
 PY
-exec python -m pytest "$@"
+# Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): the tests' own processes leave about 45% of
+# two cores idle (ranks waiting on each other, imports on one core). Which tests share a process: tests/conftest.py.
+exec python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" --dist loadgroup "$@"

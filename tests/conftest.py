@@ -17,6 +17,7 @@ into place, so concurrent sessions and stale caches are safe.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -46,6 +47,15 @@ def build_once(root: Path, name: str, build) -> Path:
     final = root / name
     if final.exists():
         return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:  # test processes running side by side build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.exists():
+            return final
+        return _build(root, name, final, build)
+
+
+def _build(root: Path, name: str, final: Path, build) -> Path:
     tmp = root / f"{name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -241,6 +251,34 @@ def read_jsonl_zst(path) -> list[dict]:
 @pytest.fixture(scope="session")
 def read_corpus():
     return read_jsonl_zst
+
+
+# Tests that share one process under pytest-xdist (scripts/test.sh runs two): a file's tests stay together (its
+# module fixtures are built once), and so do the files named here: the SLURM ones share the session's test cluster
+# (one per process would be two clusters on one node), the trainer ones share tests/workers/train_common.py's cached
+# launches. The groups run first, the longest first: a long group started last would end the run alone.
+GROUPS = {
+    "slurm": ("test_repro_small.py", "test_slurm.py"),
+    "trainer": (
+        "test_checkpoint.py",
+        "test_train.py",
+        "test_grad_accum.py",
+        "test_compile.py",
+        "test_data_cache.py",
+        "test_data_loader.py",
+        "test_metrics.py",
+    ),
+}
+GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
+def pytest_collection_modifyitems(config, items):
+    order = {g: i for i, g in enumerate(GROUPS)}
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(GROUP_OF.get(name, name)))
+    items.sort(key=lambda item: order.get(GROUP_OF.get(item.path.name), len(order)))  # stable: files keep their order
 
 
 def pytest_configure(config):
