@@ -17,5 +17,6 @@ ShareMemCommBuilder().load(verbose=False)
 print(f"[test] DeepSpeed CPU op deepspeed_shm_comm ready ({time.time() - t:.0f} s)", flush=True)
 PY
 # Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): the tests' own processes leave about 45% of
-# two cores idle (ranks waiting on each other, imports on one core). Which tests share a process: tests/conftest.py.
-exec python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# two cores idle (ranks waiting on each other, imports on one core). Which tests share a process: tests/conftest.py
+# (pytest_xdist_make_scheduler).
+exec python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" "$@"

@@ -272,13 +272,27 @@ GROUPS = {
 GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
+def _group(nodeid: str) -> str:
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return GROUP_OF.get(name, name)
+
+
 def pytest_collection_modifyitems(config, items):
     order = {g: i for i, g in enumerate(GROUPS)}
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(GROUP_OF.get(name, name)))
-    items.sort(key=lambda item: order.get(GROUP_OF.get(item.path.name), len(order)))  # stable: files keep their order
+    items.sort(key=lambda item: order.get(_group(item.nodeid), len(order)))  # stable: files keep their order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with our scopes: a file, or its group. (Its ``loadgroup`` mode cannot be used: with
+    pytest 9.2 the ``@group`` suffix xdist 3.8.0 writes into a test's ``_nodeid`` no longer reaches its id.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # our order (the long groups first), not xdist's most-tests-first
+    return FileGroups(config, log)
 
 
 def pytest_configure(config):

@@ -30,6 +30,7 @@ def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.timeout(1800)  # its commands have their own timeouts (1200 + 300 + 2 x 300 s)
 def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path):
     out = tmp_path / "study"
     p = repro(out, minipile_dir)
