@@ -256,7 +256,7 @@ def read_corpus():
 # Tests that share one process under pytest-xdist (scripts/test.sh runs two): a file's tests stay together (its
 # module fixtures are built once), and so do the files named here: the SLURM ones share the session's test cluster
 # (one per process would be two clusters on one node), the trainer ones share tests/workers/train_common.py's cached
-# launches. The groups run first, the longest first: a long group started last would end the run alone.
+# launches. The groups run first, the longest first.
 GROUPS = {
     "slurm": ("test_repro_small.py", "test_slurm.py"),
     "trainer": (
@@ -270,6 +270,8 @@ GROUPS = {
     ),
 }
 GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}
+# then the longest single files (measured in CI): a long one started last would also end the run alone
+LONG = ("test_setup_keep_torch.py", "test_tokenizer_kinds_train.py", "test_evaluate.py", "test_export_hf.py")
 
 
 def _group(nodeid: str) -> str:
@@ -278,7 +280,7 @@ def _group(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    order = {g: i for i, g in enumerate(GROUPS)}
+    order = {g: i for i, g in enumerate((*GROUPS, *LONG))}
     items.sort(key=lambda item: order.get(_group(item.nodeid), len(order)))  # stable: files keep their order
 
 

@@ -76,8 +76,9 @@ def test_sigkill_leaves_no_outputs_and_a_rerun_gives_the_same_bytes(
     )
     try:
         deadline = time.monotonic() + 120
-        # kill once the second input is done and the third is being written
-        while not (work / "part-00001" / "part.json").exists():
+        # kill once the second input is done and the third is being written (its 12 MB take seconds; the
+        # moment between the second's part.json and the third's .tmp folder is not one to kill in)
+        while not ((work / "part-00001" / "part.json").exists() and (work / "part-00002.tmp").is_dir()):
             assert proc.poll() is None, "finished before it could be killed: " + proc.stderr.read().decode()
             assert time.monotonic() < deadline
             time.sleep(0.005)
