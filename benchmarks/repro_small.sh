@@ -190,23 +190,29 @@ if [ ${#pending[@]} -gt 0 ]; then
 fi
 
 # ---------------------------------------------------------------- 4-5. evaluation and comparison
-runs=() todo=() names=()
+runs=() todo=() names=() reports=()
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name variant steps extra <<< "$spec"
   selected "$name" || continue
   runs+=("$OUT/runs/$name")
-  if [ ! -f "$OUT/runs/$name/eval/global_step$steps.json" ]; then todo+=("$OUT/runs/$name"); names+=("$name"); fi
+  report="$OUT/runs/$name/eval/global_step$steps.json"
+  if [ ! -f "$report" ]; then todo+=("$OUT/runs/$name"); names+=("$name"); reports+=("$report"); fi
 done
 if [ ${#todo[@]} -gt 0 ]; then  # one process for all (the libraries load once); a report per run
   say "evaluating ${#todo[@]} run(s): ${names[*]}"; t=$SECONDS
   log="$OUT/eval-console-$(date -u +%Y%m%dT%H%M%SZ).txt"
+  rc=0
   python -m leviathan_pretrain.evaluate --run "${todo[@]}" --max-tokens $EVAL_TOKENS "${WIKI_ARGS[@]}" --quiet \
-      > "$log" 2>&1 || { tail -20 "$log"; echo "error: evaluation failed ($log; the runs before it kept their reports)" >&2; exit 1; }
-  for i in "${!todo[@]}"; do  # each run's own evaluation time, from its report
+      > "$log" 2>&1 || rc=$?
+  for i in "${!todo[@]}"; do  # each evaluated run's own time, from its report (also when a later run failed)
+    [ -f "${reports[$i]}" ] || continue
     timing eval "${names[$i]}" "$(python -c 'import json, sys; print(round(json.load(open(sys.argv[1]))["seconds"]))' \
-        "$(ls -t "${todo[$i]}"/eval/global_step*.json | head -1)")"
+        "${reports[$i]}")"
   done
   timing eval-process "${#todo[@]}-runs" $((SECONDS - t))
+  if [ $rc != 0 ]; then
+    tail -20 "$log"; echo "error: evaluation failed ($log; the runs evaluated before it keep their reports)" >&2; exit 1
+  fi
 fi
 say "comparing ${#runs[@]} runs -> $OUT/compare"
 BASE=()
