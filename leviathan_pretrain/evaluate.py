@@ -96,8 +96,8 @@ def _check_args(ns) -> None:
         ns.edges = [float(x) for x in ns.bucket_edges.split(",") if x.strip()]
     except ValueError:
         raise EvalError(f"--bucket-edges: {ns.bucket_edges!r} is not a comma-separated list of numbers") from None
-    if ns.out and len(ns.runs) > 1:
-        raise EvalError(f"--out names one report and {len(ns.runs)} runs were given: leave --out out, and each report "
+    if ns.out and len(ns.run) > 1:
+        raise EvalError(f"--out names one report and {len(ns.run)} runs were given: leave --out out, and each report "
                         "is written to RUN/eval/<tag>.json")  # fmt: skip
 
 
@@ -226,7 +226,6 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
 
 def main(argv=None) -> int:
     ns = parser().parse_args(argv)
-    ns.runs = ns.run
     import warnings
 
     # megatron-core's notices on machines without Transformer Engine / Apex (every CPU): expected, not news
@@ -239,9 +238,9 @@ def main(argv=None) -> int:
             import torch.distributed as dist
 
             world = (dist.get_rank(), dist.get_world_size())
-            for i, run in enumerate(ns.runs):
-                if len(ns.runs) > 1 and world[0] == 0:
-                    print(f"[evaluate] run {i + 1}/{len(ns.runs)}: {run}", flush=True)
+            for i, run in enumerate(ns.run):  # --run: one or more (each evaluated alone below)
+                if len(ns.run) > 1 and world[0] == 0:
+                    print(f"[evaluate] run {i + 1}/{len(ns.run)}: {run}", flush=True)
                 one = argparse.Namespace(**{**vars(ns), "run": run})
                 report, tb = evaluate(one, world, device)
                 if world[0] == 0:

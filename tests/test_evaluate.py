@@ -15,7 +15,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,20 +23,13 @@ import torch
 from leviathan_pretrain.evaluation.load import eval_world, load_trained
 from leviathan_pretrain.evaluation.scoring import score_stream, windows
 from tests.conftest import read_jsonl_zst
-from tests.multiproc import REPO, base_env, run_ranks
+from tests.multiproc import REPO, run_python, run_ranks
 
 WIKI = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"
 
 
 def evaluate(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "leviathan_pretrain.evaluate", *map(str, args)],
-        cwd=REPO,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python("-m", "leviathan_pretrain.evaluate", *map(str, args), timeout=timeout)
 
 
 def evaluate_here(*args) -> subprocess.CompletedProcess:
