@@ -62,7 +62,7 @@ BODY=(model.vocab_size=$VOCAB train.micro_batch_size=8 train.global_batch_size=1
 # --dry: the same body at 2 x 2 sequences a step (the study's 8 x 2 only makes two steps slower, not more checked)
 [ "$DRY" = 1 ] && BODY+=(train.micro_batch_size=2 train.global_batch_size=4 train.eval_interval=2 train.eval_iters=1
                          optim.warmup_steps=1 logging.log_interval=1)
-SPEC_LEV=(model.lev.seed_dim=128 model.lev.heads=8 model.lev.knots=16 model.lev.rank=64)  # lev-spec.md defaults
+SPEC_LEV=(model.lev.seed_dim=128 model.lev.heads=8 model.lev.knots=16 model.lev.rank=64)  # docs/lev.md defaults
 # name | config | steps | extra overrides
 RUNS=(
   "sweep/tiny-cpu-tied|tied|$STEPS|"

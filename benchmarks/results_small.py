@@ -61,7 +61,7 @@ def run_names(study: Path) -> list[str]:
 
 def step_times(run: Path) -> tuple[float, float]:
     """(sum, median) of the training steps' ``step_time_s``; a step trained twice (resumed) counts its last time."""
-    from leviathan_pretrain.compare import LOG_NAME, read_log_values
+    from leviathan_pretrain.rundir.train_log import LOG_NAME, read_log_values
 
     (points,) = read_log_values(run / LOG_NAME, "step_time_s")
     times = sorted(t for _, t in points)
@@ -70,30 +70,22 @@ def step_times(run: Path) -> tuple[float, float]:
 
 def run_config(run: Path):
     """The run's config as its latest checkpoint recorded it (``None`` before its first checkpoint)."""
-    from leviathan_pretrain.evaluation.load import META, EvalError, checkpoint_location, saved_config, select_tag
+    from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location, saved_config, select_tag
+    from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
 
     try:
         ckpt_dir = checkpoint_location(run)
-        meta = ckpt_dir / select_tag(ckpt_dir) / META
+        tag_dir = ckpt_dir / select_tag(ckpt_dir)
     except EvalError:
         return None
-    return saved_config(json.loads(meta.read_text()), meta)
+    return saved_config(CheckpointRecord.read(tag_dir), tag_dir)
 
 
 def input_shape(m) -> str:
     """The input layer's sizes, as the model builds them."""
-    from leviathan_pretrain.model import sizes
+    from leviathan_pretrain.model import variants
 
-    lev = m.lev
-    if m.variant == "lev":
-        return f"d_seed {lev.seed_dim}, h {lev.heads}, K {lev.knots}, r {lev.rank}, {lev.digits} digits"
-    if m.variant == "albert":
-        return f"e {sizes.albert_dim(m)}"
-    if m.variant == "flat_mlp":
-        return "e {}, m {}".format(*sizes.flat_mlp_dims(m))
-    if m.variant == "factored_mlp":
-        return f"d_seed {lev.seed_dim}, m {sizes.factored_mlp_hidden(m)}"
-    return f"{m.vocab_size} x {m.hidden_size} table"
+    return variants.get(m.variant).describe(m)
 
 
 def body(cfg) -> str:

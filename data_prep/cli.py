@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+
 
 class UserError(Exception):
     """A problem the user can fix (bad argument, missing or unreadable input, existing output).
@@ -43,7 +45,7 @@ def run_main(main, argv=None) -> int:
         rc = main(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr, flush=True)
         return 130

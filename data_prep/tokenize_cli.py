@@ -31,6 +31,7 @@ from data_prep.shards import choose_dtype
 from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
 from data_prep.tokenizer import open_tokenizer
 from data_prep.workdir import work_dir_for
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,7 +269,7 @@ def main(argv=None) -> int:
     except RanksFailed as e:
         if comm.rank == 0:
             print(f"error: {e}", flush=True, file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if comm.rank == 0:
         log(summary(manifest))
     return 0

@@ -25,10 +25,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from launchers.records import LOGS_DIR
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHES = ("torchrun", "srun", "deepspeed")
-EXIT_REQUEUE = 75  # the trainer's "stopped with a checkpoint: run me again"
 
 
 @dataclass
@@ -219,21 +219,21 @@ HOSTFILE = [
 REQUEUE = """\
 rc=$?
 restarts=${SLURM_RESTART_COUNT:-0}
-if [ "$rc" -eq 75 ]; then
+if [ "$rc" -eq @REQUEUE@ ]; then
   if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
-    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit 75): requeueing job $SLURM_JOB_ID" \\
+    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit @REQUEUE@): requeueing job $SLURM_JOB_ID" \\
          "(requeue $((restarts + 1)) of at most $MAX_REQUEUES); it resumes from the latest checkpoint"
     if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi  # SLURM ends this run and queues the job again
     echo "[launch] scontrol requeue failed: resubmit the same command to resume from the checkpoint"
   else
-    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit 75), but this job was already requeued" \\
+    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit @REQUEUE@), but this job was already requeued" \\
          "$restarts times (--max-requeues $MAX_REQUEUES): not requeueing; resubmit the same command to resume"
   fi
-  exit 75
+  exit @REQUEUE@
 fi
 echo "[launch] $(date -u +%FT%TZ) training exited with code $rc$([ "$rc" -ne 0 ] && echo ' (not requeued)')"
 exit "$rc"
-"""
+""".replace("@REQUEUE@", str(EXIT_REQUEUE))
 
 
 def train_script(
@@ -261,13 +261,13 @@ def train_script(
         for i, (rd, cf) in enumerate(arrays):
             check_path(rd, "the run directory")
             lines.append(f"  {i}) RUN_DIR={q(rd)}; CONFIG={q(cf)} ;;")
-        lines += ['  *) echo "[launch] no array element $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+        lines += [f'  *) echo "[launch] no array element $SLURM_ARRAY_TASK_ID" >&2; exit {EXIT_BAD_INPUT} ;;', "esac"]
     else:
         lines += [f"RUN_DIR={q(run_dir)}", f"CONFIG={q(config)}"]
     lines += [
         f"MAX_REQUEUES={launch.max_requeues}",
         f"RANKS_PER_NODE={res.ranks_per_node}",
-        f"cd {q(launch.workdir)} || exit 2",
+        f"cd {q(launch.workdir)} || exit {EXIT_BAD_INPUT}",
         *environment(res, launch),
     ]
     if launch.prologue:
@@ -299,7 +299,7 @@ def step_script(res: Resources, launch: Launch, module_args: list[str], output: 
         *header(res, launch, output),
         "",
         "set -uo pipefail",
-        f"cd {q(launch.workdir)} || exit 2",
+        f"cd {q(launch.workdir)} || exit {EXIT_BAD_INPUT}",
         *[line for line in environment(res, launch) if "MASTER_" not in line],
     ]
     if launch.prologue:

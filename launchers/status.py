@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 from launchers.records import JOBS, SLURM_DIR, jobs_file, read_records
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from leviathan_pretrain.rundir.layout import RunLayout
+from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.trainer.ckpt_names import CheckpointError, read_latest, step_of
 
 METRIC_TAGS = ("train/loss", "perf/tokens_per_s", "valid/loss")
@@ -102,7 +105,8 @@ def _resolve(path: str, run_dir: Path, out_dir: str) -> Path:
 def run_paths(run_dir: Path, record: dict) -> dict:
     """``checkpoint_dir``, ``tensorboard_dir`` (None: TensorBoard off) and ``config_note`` for a run: from the
     resolved config the record names when it exists, else the defaults below ``run_dir``."""
-    out = {"checkpoint_dir": run_dir / "checkpoints", "tensorboard_dir": run_dir / "tensorboard", "config_note": None}
+    default = RunLayout(run_dir)
+    out = {"checkpoint_dir": default.checkpoints, "tensorboard_dir": default.events, "config_note": None}
     cfg_path = record.get("config")
     if not cfg_path or not Path(cfg_path).is_file():
         out["config_note"] = f"config {cfg_path or '(none recorded)'} not found: assuming the default directories"
@@ -140,23 +144,13 @@ def read_metrics(tb_dir: Path | None) -> dict:
     if tb_dir is None or not Path(tb_dir).is_dir() or not any(Path(tb_dir).glob("*tfevents*")):
         return out
     try:
-        from tensorboard.backend.event_processing import event_accumulator as ea
-
-        guidance = {ea.SCALARS: 1000, ea.TENSORS: 1000, ea.HISTOGRAMS: 1, ea.IMAGES: 1, ea.AUDIO: 1}
-        acc = ea.EventAccumulator(str(tb_dir), size_guidance={**guidance, ea.COMPRESSED_HISTOGRAMS: 1})
-        acc.Reload()
-        tags = acc.Tags()
-        for tag in METRIC_TAGS:
-            if tag in tags.get(ea.SCALARS, []):
-                last = acc.Scalars(tag)[-1]
-                out[tag] = {"step": last.step, "value": float(last.value)}
-            elif tag in tags.get(ea.TENSORS, []):  # scalars written as tensors (newer writers)
-                from tensorboard.util import tensor_util
-
-                last = acc.Tensors(tag)[-1]
-                out[tag] = {"step": last.step, "value": float(tensor_util.make_ndarray(last.tensor_proto))}
-    except Exception as e:  # a truncated or foreign event file: report it, show the rest
-        out["error"] = f"could not read {tb_dir}: {e}"
+        found = read_scalars(tb_dir, METRIC_TAGS, keep=1000)
+    except EventsError as e:  # a truncated or foreign event file: report it, show the rest
+        out["error"] = str(e)
+        return out
+    for tag, points in found.items():
+        if points:
+            out[tag] = {"step": points[-1][0], "value": points[-1][1]}
     return out
 
 
@@ -306,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         info = collect_any(args.run_dir, max(0, args.lines))
     except StatusError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(info, indent=1))
     else:

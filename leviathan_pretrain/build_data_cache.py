@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.trainer import data_cache as C  # light: no torch
 from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES, atomic_write_text
 
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
 
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
-        return 2
+        return EXIT_BAD_INPUT
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
         rep = build_cache(cfg, f"{args.config} {' '.join(args.overrides)}".strip(), log=lambda m: print(m, flush=True))
     except (ConfigError, ShardError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     rep["wall_s"] = time.perf_counter() - t0
     print_report(rep, verbose=args.verbose)
     print(

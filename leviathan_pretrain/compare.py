@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_prep.fileio import write_bytes_atomic
+from leviathan_pretrain.evaluation.report import EvalReport, ReportError
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
+from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
+from leviathan_pretrain.rundir.train_log import LOG_NAME, TrainLogError, read_log_values
 from leviathan_pretrain.trainer.ckpt_names import META, CheckpointError, complete_tags, read_latest
-
-LOG_NAME = "train_log.jsonl"  # leviathan_pretrain.trainer.metrics.LOG_NAME (that module imports torch)
-SCHEMA = 1
-RUN_MARKS = (LOG_NAME, "tensorboard", "checkpoints", "eval")  # a directory holding one of these is a run
+from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
 
 
 class CompareError(Exception):
@@ -45,61 +47,20 @@ def _read_json(path: Path, what: str):
         raise CompareError(f"{path}: not a readable {what} ({e})") from None
 
 
-KINDS = {"number": _is_num, "int": lambda v: _is_num(v) and isinstance(v, int), "str": lambda v: isinstance(v, str),
-         "list": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict)}  # fmt: skip
-
-
-def _field(d: dict, key: str, kind: str, path: Path, at: str = ""):
-    """``d[key]`` checked against ``kind``: a KINDS key, ``kind!``: may be null, ``kind?``: may be null or absent."""
-    name, base, v = f"{at}{key}", kind.rstrip("?!"), d.get(key)
-    if key not in d and not kind.endswith("?"):
-        raise CompareError(f"{path}: malformed report: missing key {name!r}")
-    if not ((v is None and base != kind) or KINDS[base](v)):
-        raise CompareError(f"{path}: malformed report: key {name!r} is {v!r}, expected {base}")
-    return v
-
-
-def _entries(d: dict, key: str, path: Path, at: str, need: dict) -> list[dict]:
-    items = _field(d, key, "list", path, at)
-    for i, item in enumerate(items):
-        where = f"{at}{key}[{i}]."
-        if not isinstance(item, dict):
-            raise CompareError(f"{path}: malformed report: key {where[:-1]!r} is not an object")
-        for k, kind in need.items():
-            _field(item, k, kind, path, where)
-    return items
-
-
-# the keys read here (``!``: may be null; ``?``: may be null or absent), at the top and inside sections
-REPORT_KEYS = {"step": "int", "variant": "str", "params": "dict", "tokens_seen": "number", "frequency": "dict?",
-               "wikitext": "dict?", "lambada": "dict?"}  # fmt: skip
-SECTION_KEYS = {"params": {"total": "int", "input_layer": "int"}, "lambada": {"accuracy": "number!"},
-                "wikitext": {"token_ppl": "number!", "word_ppl": "number!"}}  # fmt: skip
-
-
-def read_report(path: Path) -> dict:
+def read_report(path: Path) -> EvalReport:
     """An evaluation report (schema 1), checked for every key the comparison reads."""
-    rep = _read_json(path, "evaluation report")
-    if not isinstance(rep, dict):
-        raise CompareError(f"{path}: malformed report: not a JSON object")
-    if _field(rep, "schema", "int", path) != SCHEMA:
-        raise CompareError(f"{path}: malformed report: key 'schema' is {rep['schema']!r}, this tool reads {SCHEMA}")
-    for key, kind in REPORT_KEYS.items():
-        if isinstance(v := _field(rep, key, kind, path), dict):
-            for k, inner in SECTION_KEYS.get(key, {}).items():
-                _field(v, k, inner, path, f"{key}.")
-    _entries(rep, "heldout", path, "", {"name": "str", "loss": "number!", "ppl": "number!"})
-    if rep.get("frequency") is not None:
-        _entries(rep["frequency"], "buckets", path, "frequency.", {"name": "str", "ppl": "number!"})
-    return rep
+    try:
+        return EvalReport.read(path)
+    except ReportError as e:
+        raise CompareError(str(e)) from None
 
 
 def find_report(run_dir: Path) -> Path | None:
     """``RUN/eval/*.json`` with the highest ``step`` (every one is read: a malformed one is an error)."""
-    eval_dir = run_dir / "eval"
+    eval_dir = RunLayout(run_dir).eval_dir
     if not eval_dir.is_dir():
         return None
-    found = [(read_report(p)["step"], p) for p in sorted(eval_dir.glob("*.json")) if not p.name.startswith(".")]
+    found = [(read_report(p).step, p) for p in sorted(eval_dir.glob("*.json")) if not p.name.startswith(".")]
     return max(found, key=lambda sp: sp[0])[1] if found else None
 
 
@@ -107,7 +68,7 @@ def find_report(run_dir: Path) -> Path | None:
 class Run:
     name: str
     path: Path | None  # the run directory (None: a report whose run is not here)
-    report: dict | None = None
+    report: EvalReport | None = None
     report_path: Path | None = None
     config: dict | None = None
     consumed_samples: int | None = None
@@ -119,7 +80,7 @@ class Run:
     @property
     def variant(self) -> str:
         model = (self.config or {}).get("model") or {}
-        return self.report["variant"] if self.report else str(model.get("variant", "?"))
+        return self.report.variant if self.report else str(model.get("variant", "?"))
 
     @property
     def tokens_per_step(self) -> int | None:
@@ -134,47 +95,24 @@ class Run:
         return [(s * tps, v) for s, v in points] if tps else []
 
 
-def read_log_values(path: Path, *keys: str) -> list[list]:
-    """For each key, the ``[(step, value)]`` points of ``train_log.jsonl`` that carry it, by step; the last record
-    of a step wins (a resume)."""
-    found: list[dict] = [{} for _ in keys]
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CompareError(f"{path}: not readable ({e})") from None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of a run still writing
-        if not isinstance(rec, dict) or "event" in rec or not isinstance(rec.get("step"), int):
-            continue
-        for key, into in zip(keys, found):
-            v = rec.get(key)
-            if _is_num(v) and math.isfinite(v):
-                into[rec["step"]] = float(v)
-    return [sorted(points.items()) for points in found]
-
-
 def read_train_log(path: Path) -> tuple[list, list]:
     """Training and validation points of ``train_log.jsonl``."""
-    train, valid = read_log_values(path, "loss", "valid_loss")
+    try:
+        train, valid = read_log_values(path, "loss", "valid_loss")
+    except TrainLogError as e:
+        raise CompareError(str(e)) from None
     return train, valid
 
 
 def read_events(tb_dir: Path) -> tuple[list, list]:
     """``train/loss`` and ``valid/loss`` from TensorBoard events (the fallback when there is no train_log)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     try:
-        acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
-        acc.Reload()
-        tags = acc.Tags().get("scalars", [])
-    except Exception as e:  # a corrupt file: tensorboard raises many kinds
-        raise CompareError(f"{tb_dir}: TensorBoard events not readable ({e})") from None
+        found = read_scalars(tb_dir, ("train/loss", "valid/loss"))
+    except EventsError as e:
+        raise CompareError(str(e)) from None
 
     def series(tag):
-        pts = {e.step: float(e.value) for e in acc.Scalars(tag)} if tag in tags else {}
+        pts = dict(found[tag])  # the last point of a step wins (a resume)
         return sorted((s, v) for s, v in pts.items() if math.isfinite(v))
 
     return series("train/loss"), series("valid/loss")
@@ -185,24 +123,24 @@ def read_config(run: Run) -> None:
     highest one, else the report's checkpoint), else ``RUN/config.json``."""
     metas = []
     if run.path is not None:
-        ckpt = run.path / "checkpoints"
+        ckpt = RunLayout(run.path).checkpoints
         try:
             metas = [ckpt / tag / META for tag in [read_latest(ckpt)] if tag]
         except CheckpointError:  # latest names an incomplete checkpoint: the highest complete one is used
             pass
         metas += [ckpt / tag / META for tag in reversed(complete_tags(ckpt))]
-    if isinstance((run.report or {}).get("checkpoint"), str):
-        metas.append(Path(run.report["checkpoint"]) / META)
+    if run.report is not None and run.report.checkpoint:
+        metas.append(Path(run.report.checkpoint) / META)
     for meta in metas:
         if meta.is_file():
-            data = _read_json(meta, "checkpoint record")
-            if isinstance(data, dict) and isinstance(data.get("config"), dict):
-                run.config = data["config"]
-                cs = data.get("consumed_samples")
-                run.consumed_samples = cs if _is_num(cs) else None
-                return
-    if run.path is not None and (run.path / "config.json").is_file():
-        data = _read_json(run.path / "config.json", "run config")
+            try:  # unreadable: an error; readable but not a record of this version: the next one is tried
+                record = CheckpointRecord.from_json(_read_json(meta, "checkpoint record"), meta)
+            except CheckpointError:
+                continue
+            run.config, run.consumed_samples = record.config, record.consumed_samples
+            return
+    if run.path is not None and RunLayout(run.path).config.is_file():
+        data = _read_json(RunLayout(run.path).config, "run config")
         run.config = data if isinstance(data, dict) else None
 
 
@@ -212,12 +150,12 @@ def load_run(arg: str) -> Run:
         rep = read_report(p)
         # its run: the directory it sits in (RUN/eval/x.json), else the one it names
         where = [p.parent.parent] if p.parent.name == "eval" else []
-        where += [Path(rep["run"])] if isinstance(rep.get("run"), str) and rep["run"] else []
-        run_dir = next((d for d in where if any((d / m).exists() for m in RUN_MARKS)), None)
+        where += [Path(rep.run)] if rep.run else []
+        run_dir = next((d for d in where if is_run_dir(d)), None)
         name = (run_dir or (where or [p.with_suffix("")])[-1]).resolve().name
         run = Run(name=name, path=run_dir, report=rep, report_path=p)
     elif p.is_dir():
-        if not any((p / m).exists() for m in RUN_MARKS):
+        if not is_run_dir(p):
             raise CompareError(
                 f"{p}: neither a run directory (no {LOG_NAME}, tensorboard/, checkpoints/ or eval/) nor a report"
             )
@@ -227,11 +165,12 @@ def load_run(arg: str) -> Run:
     else:
         raise CompareError(f"{arg}: no such run directory or report file")
     if run.path is not None:
-        if (run.path / LOG_NAME).is_file():
-            run.train, run.valid = read_train_log(run.path / LOG_NAME)
+        layout = RunLayout(run.path)
+        if layout.train_log.is_file():
+            run.train, run.valid = read_train_log(layout.train_log)
             run.curve_source = LOG_NAME
-        if not (run.train or run.valid) and (run.path / "tensorboard").is_dir():
-            run.train, run.valid = read_events(run.path / "tensorboard")
+        if not (run.train or run.valid) and layout.events.is_dir():
+            run.train, run.valid = read_events(layout.events)
             run.curve_source = "TensorBoard events" if run.train or run.valid else ""
             if run.curve_source:
                 run.notes.append("curves from TensorBoard events")
@@ -260,10 +199,10 @@ def config_params(run: Run) -> dict | None:
 
 def run_metrics(run: Run) -> dict:
     """``{column: value}``: the report's numbers, else what the training log and config give (noted)."""
-    rep, m = run.report or {}, {}
-    if rep:
-        m["total_params"], m["input_params"] = rep["params"]["total"], rep["params"]["input_layer"]
-        m["tokens_seen"] = rep["tokens_seen"]
+    rep, m = run.report, {}
+    if rep is not None:
+        m["total_params"], m["input_params"] = rep.params["total"], rep.params["input_layer"]
+        m["tokens_seen"] = rep.tokens_seen
     else:
         if run.config and (counts := config_params(run)):
             m["total_params"], m["input_params"] = counts["total"], counts["input"]
@@ -273,7 +212,7 @@ def run_metrics(run: Run) -> dict:
             m["tokens_seen"] = run.train[-1][0] * run.tokens_per_step
         elif run.consumed_samples is not None and _is_num(seq):
             m["tokens_seen"] = run.consumed_samples * seq
-    heldout = rep.get("heldout") or []
+    heldout = rep.heldout if rep is not None else []
     if heldout:
         m["val_loss"], m["val_ppl"] = heldout[0]["loss"], heldout[0]["ppl"]
         for h in heldout[1:]:
@@ -282,9 +221,9 @@ def run_metrics(run: Run) -> dict:
         step, loss = run.valid[-1]
         m["val_loss"], m["val_ppl"] = loss, math.exp(min(loss, 80.0))
         run.notes.append(f"val from {run.curve_source} step {step}")
-    for b in (rep.get("frequency") or {}).get("buckets", []):
+    for b in ((rep and rep.frequency) or {}).get("buckets", []):
         m[f"ppl[{b['name']}]"] = b["ppl"]
-    wiki, lam = rep.get("wikitext") or {}, rep.get("lambada") or {}
+    wiki, lam = (rep and rep.wikitext) or {}, (rep and rep.lambada) or {}
     m["wikitext_token_ppl"], m["wikitext_word_ppl"] = wiki.get("token_ppl"), wiki.get("word_ppl")
     m["lambada_acc"] = lam.get("accuracy")
     return {k: v if v is not None and math.isfinite(v) else None for k, v in m.items()}  # NaN/inf/null: empty
@@ -377,7 +316,7 @@ def compare(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
     for i, (r, m, curve) in enumerate(zip(runs, metrics, curves)):
         name = f"{r.name} (baseline)" if i == base_i else r.name
         row = {"run": r.name, "baseline": i == base_i, "variant": r.variant, "path": str(r.path or "")}
-        row.update(report=str(r.report_path or ""), report_step=(r.report or {}).get("step", ""))
+        row.update(report=str(r.report_path or ""), report_step=r.report.step if r.report else "")
         cells = {}
         for k in keys:
             change = None if i == base_i else relative(m.get(k), metrics[base_i].get(k))
@@ -425,7 +364,7 @@ def compare(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
     written.append(plots.loss_vs_tokens(pts, target, base.name, out / "val_loss_vs_tokens.png"))
     series = [(r.name, [m.get(k) for k in buckets]) for r, m in zip(runs, metrics)]
     written.append(plots.ppl_by_frequency([k[4:-1] for k in buckets], series, out / "ppl_by_frequency.png"))
-    if any(r.report and r.report.get("wikitext") for r in runs):
+    if any(r.report and r.report.wikitext for r in runs):
         wiki = [(r.name, m.get("wikitext_token_ppl"), m.get("wikitext_word_ppl")) for r, m in zip(runs, metrics)]
         written.append(plots.wikitext_ppl(wiki, out / "wikitext_ppl.png"))
     return text, written
@@ -436,7 +375,7 @@ def unique_names(runs: list) -> None:
     seen: set = set()
     for k, r in enumerate(runs):
         if r.name in seen and r.report:
-            r.name = f"{r.name}@{r.report.get('tag') or r.report['step']}"
+            r.name = f"{r.name}@{r.report.tag or r.report.step}"
         r.name = f"{r.name}#{k + 1}" if r.name in seen else r.name
         seen.add(r.name)
 
@@ -462,7 +401,7 @@ def main(argv=None) -> int:
         text, written = compare(runs, base_i, why, out)
     except (CompareError, OSError) as e:  # OSError: the outputs cannot be written (it names the path)
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(text)
     for p in written:
         print(f"wrote {p}")

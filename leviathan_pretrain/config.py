@@ -2,7 +2,7 @@
 
 ``load_config(path, overrides)`` returns a validated :class:`Config`; invalid values fail at load
 with a :class:`ConfigError` naming the dotted key. Field defaults follow the LEV spec
-(``shared/notes/lev-spec.md``) and LLaMA-style GPT conventions.
+(``docs/lev.md``) and LLaMA-style GPT conventions.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from leviathan_pretrain.config_parallel import ParallelConfig  # noqa: F401 - part of the schema
 from leviathan_pretrain.configlib import ConfigError, load, require, to_dict  # noqa: F401
-from leviathan_pretrain.model import sizes  # closed-form sizes only: no torch/megatron import
+from leviathan_pretrain.model import variants  # closed forms only: no torch/megatron import
 
-VARIANTS = ("lev", "tied", "untied", "albert", "flat_mlp", "factored_mlp")
+VARIANTS = variants.names()  # the paper's six (model/variants.py); a registered one is accepted too
 
 
 @dataclass
@@ -112,9 +112,9 @@ class ModelConfig:
 
     def validate(self, prefix: str) -> None:
         require(
-            self.variant in VARIANTS,
+            self.variant in variants.REGISTRY,
             f"{prefix}.variant",
-            f"unknown variant {self.variant!r}; choose one of {', '.join(VARIANTS)}",
+            f"unknown variant {self.variant!r}; choose one of {', '.join(variants.names())}",
         )
         for name in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "seq_length"):
             v = getattr(self, name)
@@ -145,7 +145,7 @@ class ModelConfig:
             f"{prefix}.loss_chunk_tokens",
             f"must be >= 1 or null (auto), got {self.loss_chunk_tokens}",
         )
-        if self.variant in ("lev", "factored_mlp") and self.vocab_size is not None:  # else after resolve_vocab
+        if variants.get(self.variant).digits and self.vocab_size is not None:  # else after resolve_vocab
             b = self.lev.resolved_base(self.vocab_size)
             require(
                 b**self.lev.digits >= self.vocab_size,
@@ -158,12 +158,11 @@ class ModelConfig:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
         self.resolve_vocab(data, prefix)
         tp = parallel.tensor_parallel
-        if self.variant in ("flat_mlp", "factored_mlp"):
-            hidden = sizes.flat_mlp_dims(self)[1] if self.variant == "flat_mlp" else sizes.factored_mlp_hidden(self)
+        for key, width in variants.get(self.variant).tp_widths(self).items():  # the widths it shards over TP
             require(
-                hidden % tp == 0,
-                f"{prefix}.mlp_hidden",
-                f"the {self.variant} hidden width {hidden} is not divisible by parallel.tensor_parallel={tp}",
+                width % tp == 0,
+                "parallel.tensor_parallel",
+                f"tensor_parallel={tp} does not divide the {self.variant} width {prefix}.{key}={width}",
             )
 
     def resolve_vocab(self, data: "DataConfig", prefix: str = "model") -> None:
@@ -373,12 +372,6 @@ class Config:
             "parallel.tensor_parallel",
             f"tensor_parallel={tp} does not divide model.num_query_groups={groups}",
         )
-        if m.variant == "lev":
-            require(
-                m.lev.heads % tp == 0,
-                "parallel.tensor_parallel",
-                f"tensor_parallel={tp} does not divide model.lev.heads={m.lev.heads}",
-            )
         m.validate_with(p, self.data)
         require(
             self.optim.lev_lr_mult == 1.0 or m.variant == "lev",

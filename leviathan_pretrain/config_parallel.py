@@ -9,6 +9,24 @@ from dataclasses import dataclass
 from leviathan_pretrain.configlib import require
 
 
+def batch_problem(global_batch: int, micro_batch: int, dp: int) -> str | None:
+    """Why ``global_batch`` does not split into micro-batches x data-parallel ranks (None: it does)."""
+    unit = micro_batch * dp
+    if global_batch % unit == 0:
+        return None
+    near = max(1, round(global_batch / unit)) * unit
+    return (
+        f"train.global_batch_size: {global_batch} is not a multiple of train.micro_batch_size x data-parallel size "
+        f"= {micro_batch} x {dp} = {unit}; set it to a multiple of {unit} (e.g. {near}) "
+        "or change train.micro_batch_size or the number of ranks"
+    )
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per optimizer step on each data-parallel rank (the batch must split: :func:`batch_problem`)."""
+    return max(1, global_batch // (micro_batch * dp))
+
+
 @dataclass
 class ParallelConfig:
     tensor_parallel: int = 1

@@ -17,13 +17,15 @@ starts the training over. Exit code: the trainer's (0 done; 75 stopped early wit
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from data_prep.demo import run_demo
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
+from leviathan_pretrain.rundir import train_log
+from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.tokenizer import open_cached
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
             "error: --tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_BAD_INPUT
     if args.data_prefix:
         prefix, tokenizer, vocab = args.data_prefix, args.tokenizer, None
     else:
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
                 "or use another --out",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_BAD_INPUT
         shutil.rmtree(run_dir)
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
@@ -138,9 +140,9 @@ def main(argv=None) -> int:
     rc = subprocess.call(cmd, cwd=REPO)
 
     print("[demo] results", flush=True)
-    log = run_dir / "train_log.jsonl"
-    if log.is_file():
-        recs = [json.loads(x) for x in log.read_text().splitlines()]
+    layout = RunLayout(run_dir)
+    if layout.train_log.is_file():
+        recs = list(train_log.records(layout.train_log))
         train = [r for r in recs if "loss" in r]
         evals = [r for r in recs if "valid_loss" in r]
         if train:
@@ -152,12 +154,12 @@ def main(argv=None) -> int:
                 f"[demo] validation loss at step {evals[-1]['step']}: {evals[-1]['valid_loss']:.3f} "
                 f"(perplexity {evals[-1]['valid_perplexity']:.1f})"
             )
-    ck = run_dir / "checkpoints"
+    ck = layout.checkpoints
     if (ck / "latest").is_file():
         note = "training complete; --fresh trains again" if rc == 0 else "re-run to continue from it"
         print(f"[demo] checkpoint: {ck / (ck / 'latest').read_text().strip()}  ({note})")
-    print(f"[demo] TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
-    if rc == 75:
+    print(f"[demo] TensorBoard: tensorboard --logdir {layout.events}")
+    if rc == EXIT_REQUEUE:
         print("[demo] training stopped early with a checkpoint; run the demo again to continue")
     elif rc != 0:
         print(f"[demo] error: training failed (exit {rc})", file=sys.stderr)
@@ -184,8 +186,9 @@ def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> in
     if rc != 0:
         print(f"[demo] error: export failed (exit {rc})", file=sys.stderr)
         return rc
-    tag = (run_dir / "checkpoints" / "latest").read_text().strip()
-    print(f"[demo] evaluation report: {run_dir / 'eval' / (tag + '.json')} (eval/ scalars in TensorBoard too)")
+    layout = RunLayout(run_dir)
+    tag = (layout.checkpoints / "latest").read_text().strip()
+    print(f"[demo] evaluation report: {layout.report(tag)} (eval/ scalars in TensorBoard too)")
     print(f"[demo] Hugging Face model: {hf_dir}  (transformers: LlamaForCausalLM.from_pretrained({str(hf_dir)!r}))")
     return 0
 

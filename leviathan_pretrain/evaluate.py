@@ -22,6 +22,14 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from leviathan_pretrain.dtypes import torch_dtype
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from leviathan_pretrain.rundir.layout import RunLayout
+
+if TYPE_CHECKING:
+    from leviathan_pretrain.evaluation.report import EvalReport
 
 EXAMPLES = """examples:
   python -m leviathan_pretrain.evaluate --run runs/1.2b-lev
@@ -101,20 +109,20 @@ def _check_args(ns) -> None:
                         "is written to RUN/eval/<tag>.json")  # fmt: skip
 
 
-def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
-    """Everything ``ns`` asks for, as a report dict (see evaluation/report.py), and the run's TensorBoard directory
+def evaluate(ns, world: tuple[int, int], device) -> tuple[EvalReport, Path | None]:
+    """Everything ``ns`` asks for, as an :class:`EvalReport`, and the run's TensorBoard directory
     (None when the run logged none)."""
     import torch
 
     from leviathan_pretrain.evaluation import heldout as H
     from leviathan_pretrain.evaluation import texts as T
     from leviathan_pretrain.evaluation.load import EvalError, load_trained
-    from leviathan_pretrain.evaluation.report import SCHEMA, Meter
+    from leviathan_pretrain.evaluation.report import EvalReport, Meter
     from leviathan_pretrain.evaluation.scoring import score_streams
     from leviathan_pretrain.model import sizes
 
     t0 = time.monotonic()
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[ns.dtype]
+    dtype = torch_dtype(ns.dtype)
     if dtype == torch.bfloat16 and device.type != "cuda":
         raise EvalError("--dtype bf16: needs a GPU here (CPU bf16 matmuls are slow and not what training used)")
     tr = load_trained(ns.run, ns.step, ns.checkpoint_dir, ns.tokenizer, device=device, dtype=dtype)
@@ -127,27 +135,21 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
         raise EvalError(f"--stride {stride}: must be <= --context {context}")
     verbose = not ns.quiet and world[0] == 0
     kw = dict(batch_size=ns.batch_size, device=device, shard=world)
-    layout = tr.meta.get("layout") or {}
-    counts = sizes.param_breakdown(cfg.model, int(layout.get("tp", 1)))
-    report = {
-        "schema": SCHEMA,
-        "run": str(Path(ns.run).resolve()),
-        "checkpoint": str((tr.ckpt_dir / tr.tag).resolve()),
-        "tag": tr.tag,
-        "step": tr.step,
-        "variant": tr.variant,
-        "params": {
+    counts = sizes.param_breakdown(cfg.model, tr.record.layout.tp)
+    report = EvalReport(
+        run=str(Path(ns.run).resolve()),
+        checkpoint=str((tr.ckpt_dir / tr.tag).resolve()),
+        tag=tr.tag,
+        step=tr.step,
+        variant=tr.variant,
+        params={
             "total": counts["total"],
             "input_layer": counts["input"],
             "non_input": counts["total"] - counts["input"],
         },
-        "tokens_seen": int(tr.meta.get("consumed_samples", 0)) * cfg.model.seq_length,
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "heldout": [],
-        "frequency": None,
-        "wikitext": None,
-        "lambada": None,
-        "settings": {
+        tokens_seen=tr.record.consumed_samples * cfg.model.seq_length,
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        settings={
             "context": context,
             "stride": stride,
             "batch_size": ns.batch_size,
@@ -156,9 +158,12 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
             "max_tokens": ns.max_tokens,
             "world": world[1],
         },
-    }
+    )
     if verbose:
-        print(f"[evaluate] {tr.ckpt_dir / tr.tag}: {tr.variant}, layout {layout}, step {tr.step}", flush=True)
+        print(
+            f"[evaluate] {tr.ckpt_dir / tr.tag}: {tr.variant}, layout {tr.record.layout.to_json()}, step {tr.step}",
+            flush=True,
+        )
     all_loss, all_tgt = [], []
     if not ns.no_heldout:
         for hs in H.heldout_sets(cfg, ns.data):
@@ -170,7 +175,7 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
             meter = Meter(hs.name, tokens.size - 1, verbose)
             s = score_streams(tr.model, [tokens], V, context, stride, progress=meter, **kw)[0]
             meter.close()
-            report["heldout"].append(
+            report.heldout.append(
                 {
                     "name": hs.name,
                     "prefix": str(Path(hs.prefix).resolve()),
@@ -194,7 +199,7 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
             fr = H.frequency_buckets(
                 np.concatenate(all_loss), np.concatenate(all_tgt), train_counts, ns.edges, ns.quantile_buckets
             )
-            report["frequency"] = {"counts": files, **fr}
+            report.frequency = {"counts": files, **fr}
     tok = None
     if ns.wikitext or ns.lambada:
         if tr.tokenizer is None:
@@ -213,14 +218,14 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[dict, Path | None]:
         meter = Meter("wikitext", sum(len(s) - 1 for s in streams), verbose)
         w = T.score_wikitext(tr.model, streams, V, texts, context, ws, progress=meter, **kw)
         meter.close()
-        report["wikitext"] = {"path": str(Path(ns.wikitext).resolve()), **w}
+        report.wikitext = {"path": str(Path(ns.wikitext).resolve()), **w}
     if ns.lambada:
         la = T.score_lambada(tr.model, tok, eod, V, T.lambada_examples(ns.lambada), context, **kw)
         la.pop("word_nats")
-        report["lambada"] = {"path": str(Path(ns.lambada).resolve()), **la}
-    if not (report["heldout"] or report["wikitext"] or report["lambada"]):
+        report.lambada = {"path": str(Path(ns.lambada).resolve()), **la}
+    if not (report.heldout or report.wikitext or report.lambada):
         raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
-    report["seconds"] = round(time.monotonic() - t0, 1)
+    report.seconds = round(time.monotonic() - t0, 1)
     return report, _tensorboard_dir(ns, cfg)
 
 
@@ -248,21 +253,21 @@ def main(argv=None) -> int:
         return 0
     except EvalError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
 
-def _write(ns, report: dict, tb: Path | None) -> None:
-    from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars, write_report
+def _write(ns, report: EvalReport, tb: Path | None) -> None:
+    from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars
 
-    out = Path(ns.out) if ns.out else Path(ns.run) / "eval" / f"{report['tag']}.json"
-    write_report(out, report)
+    out = Path(ns.out) if ns.out else RunLayout(Path(ns.run)).report(report.tag)
+    report.write(out)
     print(console_table(report))
     print(f"\nreport: {out}")
     if tb is not None and not ns.no_tensorboard:
         from leviathan_pretrain.evaluation.report import write_tensorboard
 
-        write_tensorboard(tb, report["step"], tensorboard_scalars(report))
-        print(f"tensorboard: eval/ scalars at step {report['step']} in {tb}")
+        write_tensorboard(tb, report.step, tensorboard_scalars(report))
+        print(f"tensorboard: eval/ scalars at step {report.step} in {tb}")
 
 
 def _tensorboard_dir(ns, cfg) -> Path | None:
@@ -273,7 +278,7 @@ def _tensorboard_dir(ns, cfg) -> Path | None:
     recorded = cfg.logging.tensorboard_dir
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
-    return Path(ns.run) / "tensorboard"
+    return RunLayout(Path(ns.run)).events
 
 
 if __name__ == "__main__":

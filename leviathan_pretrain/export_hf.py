@@ -39,9 +39,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from leviathan_pretrain.dtypes import DTYPES, long_name
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+
 MARKER = "leviathan_export.json"
 FORMAT = "leviathan-hf-export"
-DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # --dtype -> torch / HF name
+DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / HF name (leviathan_pretrain/dtypes.py)
 
 
 # ---------------------------------------------------------------- the output directory
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
             )
     except EvalError as e:  # hf_convert.ExportError included
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     except OSError as e:
         print(f"error: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr, flush=True)
         return 1

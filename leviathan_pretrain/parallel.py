@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import ConfigError, ParallelConfig
+from leviathan_pretrain.config_parallel import accumulation_steps, batch_problem
 from leviathan_pretrain.model.settings import resolve_device
 from leviathan_pretrain.ports import free_port
 
@@ -247,11 +248,9 @@ def parallel_dims(micro_batch_size: int, global_batch_size: int) -> ParallelDims
     from megatron.core import parallel_state as ps
 
     dp = ps.get_data_parallel_world_size()
-    if global_batch_size % (micro_batch_size * dp):
-        raise ConfigError(
-            f"train.global_batch_size: {global_batch_size} is not a multiple of "
-            f"train.micro_batch_size x data-parallel size = {micro_batch_size} x {dp}"
-        )
+    problem = batch_problem(global_batch_size, micro_batch_size, dp)
+    if problem:
+        raise ConfigError(problem)
     return ParallelDims(
         rank=dist.get_rank(),
         world=dist.get_world_size(),
@@ -261,7 +260,7 @@ def parallel_dims(micro_batch_size: int, global_batch_size: int) -> ParallelDims
         tp_rank=ps.get_tensor_model_parallel_rank(),
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
-        gas=global_batch_size // (micro_batch_size * dp),
+        gas=accumulation_steps(global_batch_size, micro_batch_size, dp),
     )
 
 

@@ -16,6 +16,7 @@ import json
 import sys
 
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.model import sizes
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     counts = breakdown(cfg)
     print(json.dumps(counts) if args.json else format_breakdown(cfg, counts))
     return 0

@@ -20,7 +20,7 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
 
 - **parameters**: this rank's share: transformer linears and vocab-parallel tables/head divided by TP as
   megatron-core shards them (the padded vocabulary, ``sizes.padded_vocab_size``); norms, LEV's codebooks and
-  the other replicated input-layer pieces in full; LEV's per-head parts divided by TP (lev-spec). TIED with
+  the other replicated input-layer pieces in full; LEV's per-head parts divided by TP (docs/lev.md). TIED with
   PP > 1 holds its table on the first and the last stage (DeepSpeed's ``TiedLayerSpec``). Bytes per parameter
   follow the optimizer wrapper DeepSpeed 0.19.8 picks for ``engine.deepspeed_config`` (a = 4 where bf16
   gradients accumulate in fp32, ``parallel.grad_accum_dtype`` auto at ZeRO >= 1 without the pipeline, else w):
@@ -92,14 +92,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.config_parallel import accumulation_steps, batch_problem
+from leviathan_pretrain.dtypes import DTYPES, nbytes
+from leviathan_pretrain.model import sizes, variants
+from leviathan_pretrain.model.settings import resolved_attention
 from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: F401 (re-exported)
 
 GIB = 2**30
 GPU_RUNTIME_GIB = 2.0  # CUDA context + cuBLAS workspaces (~0.75 GiB) + NCCL communicators (~1.25 GiB): an allowance
 DS_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's fallback all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE)
 DS_PREFETCH_ELEMENTS = 50_000_000  # ZeRO-3 stage3_prefetch_bucket_size default
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {name: nbytes(name) for name in DTYPES}
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step", "runtime")
 
 
@@ -133,33 +136,14 @@ class Plan:
 
 def _layer_params(m, tp: int) -> int:
     """One transformer layer's parameters on one TP rank (two RMSNorms replicated)."""
-    D, heads = m.hidden_size, m.num_attention_heads
-    kv = (m.num_query_groups or heads) * (D // heads)
-    F = m.resolved_ffn_hidden_size()
-    return 2 * D + (D * (D + 2 * kv) + D * D + 3 * D * F) // tp
+    replicated, sharded = sizes.layer_params_split(m)
+    return replicated + sharded // tp
 
 
 def _input_params(m, tp: int) -> int:
     """The input layer's parameters on one TP rank (vocab-parallel tables and sharded heads/hidden divided by TP,
     the rest replicated), as the layers in model/inputs.py and model/lev.py allocate them."""
-    V, D, v = m.vocab_size, m.hidden_size, m.variant
-    V_pad = sizes.padded_vocab_size(V, m.make_vocab_size_divisible_by, tp)
-    lev = m.lev
-    if v in ("tied", "untied"):
-        return V_pad * D // tp
-    if v == "lev":
-        d, codebooks = lev.seed_dim, lev.digits * lev.resolved_base(V) * lev.seed_dim
-        return codebooks + lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * D) // tp
-    if v == "albert":
-        e = sizes.albert_dim(m)
-        return V_pad * e // tp + e * D
-    if v == "flat_mlp":
-        e, hid = sizes.flat_mlp_dims(m)
-        return V_pad * e // tp + (e * hid + hid * D) // tp
-    if v == "factored_mlp":
-        hid, d = sizes.factored_mlp_hidden(m), lev.seed_dim
-        return lev.digits * lev.resolved_base(V) * d + 2 * d + (d * hid + hid * D) // tp
-    raise ValueError(f"model.variant: unknown variant {v!r}")
+    return sizes.input_split(m, tp).per_rank(tp)
 
 
 def _head_params(m, tp: int) -> int:
@@ -170,20 +154,14 @@ def _head_params(m, tp: int) -> int:
 def _largest_tensor(m, tp: int, st: dict) -> int:
     """Elements of the largest parameter tensor on one rank of stage ``st`` (what per-tensor temporaries scale
     with: a fresh gradient before it is added into ``.grad``, AdamW's and our clipping's per-tensor work)."""
-    D, F, V = m.hidden_size, m.resolved_ffn_hidden_size(), m.vocab_size
+    D, F = m.hidden_size, m.resolved_ffn_hidden_size()
     kv = (m.num_query_groups or m.num_attention_heads) * (D // m.num_attention_heads)
-    V_pad = sizes.padded_vocab_size(V, m.make_vocab_size_divisible_by, tp)
+    v_pad = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp)
     cands = [2 * F * D // tp, D * (D + 2 * kv) // tp] if st["blocks"] else [m.hidden_size]
     if st["head"]:
         cands.append(_head_params(m, tp))
     if st["input"]:
-        lev, v = m.lev, m.variant
-        width = {"albert": sizes.albert_dim(m), "flat_mlp": sizes.flat_mlp_dims(m)[0]}.get(v, D)
-        cands.append(V_pad * width // tp)  # TIED, UNTIED, ALBERT, flat MLP: the vocab-parallel table
-        if v == "lev":  # no table: S (spline values) or W_out
-            cands[-1] = lev.heads * lev.rank * max(lev.seed_dim * lev.knots, D) // tp
-        if v == "factored_mlp":
-            cands[-1] = sizes.factored_mlp_hidden(m) * max(lev.seed_dim, D) // tp
+        cands.append(variants.get(m.variant).largest_tensor(m, tp, v_pad))
     return max(cands)
 
 
@@ -214,7 +192,7 @@ def peak_total(mem: dict, in_backward: bool) -> float:
 
 def attention_kind(m, device: str) -> str:
     """``sdpa`` or ``megatron``, as ``model.gpt.attention_backend`` resolves it (``auto``: sdpa on every device)."""
-    return "sdpa" if m.attention_backend == "auto" else m.attention_backend
+    return resolved_attention(m.attention_backend)
 
 
 def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str) -> float:
@@ -230,17 +208,7 @@ def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str) -> f
 
 def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
     """The input layer's saved tensors for one micro-batch (unique-id layers: n = min(tokens, V) ids)."""
-    n, v, lev = min(tokens, m.vocab_size), m.variant, m.lev
-    if v == "lev":
-        return 4.0 * n * lev.heads / tp * (4 * lev.seed_dim + lev.rank)
-    if v == "albert":
-        return float(n * sizes.albert_dim(m) * e)
-    if v == "flat_mlp":
-        width, hid = sizes.flat_mlp_dims(m)
-        return 4.0 * n * (width + 2 * hid / tp)  # the rows (fc1's input), fc1's output and GELU's
-    if v == "factored_mlp":
-        return 4.0 * n * (3 * lev.seed_dim + 2 * sizes.factored_mlp_hidden(m) / tp)
-    return 0.0  # tables: the output is the first layer's input (counted there)
+    return float(variants.get(m.variant).activation_bytes(m, min(tokens, m.vocab_size), tp, e))
 
 
 def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
@@ -313,7 +281,7 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
     params = st["blocks"] * _layer_params(m, tp)
     params += _input_params(m, tp) if st["input"] else 0
     params += m.hidden_size if st["final"] else 0
-    params += _head_params(m, tp) if st["head"] and not (m.variant == "tied" and st["input"]) else 0
+    params += _head_params(m, tp) if st["head"] and not (variants.get(m.variant).tied_head and st["input"]) else 0
     largest = _largest_tensor(m, tp, st)
     mem = state_bytes(cfg, params, largest, dp, device)
     attn = attention_kind(m, device)
@@ -354,14 +322,9 @@ def make_plan(cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_lim
         )
     dp = max(1, world // (tp * pp))
     mb, gb = t.micro_batch_size, t.global_batch_size
-    if gb % (mb * dp):
-        unit = mb * dp
-        problems.append(
-            f"train.global_batch_size: {gb} is not a multiple of train.micro_batch_size x data-parallel size = "
-            f"{mb} x {dp} = {unit}; set it to a multiple of {unit} (e.g. {max(1, round(gb / unit)) * unit}) or "
-            "change train.micro_batch_size or the number of ranks"
-        )
-    gas = max(1, gb // (mb * dp))
+    if problem := batch_problem(gb, mb, dp):
+        problems.append(problem)
+    gas = accumulation_steps(gb, mb, dp)
     if pp > m.num_layers:
         problems.append(
             f"parallel.pipeline_parallel: {pp} stages for model.num_layers={m.num_layers} layers (a stage would "

@@ -15,6 +15,7 @@ import sys
 import warnings
 
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 EPILOG = """examples:
   python -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
-        return 2  # faults.EXIT_CONFIG (not imported yet: a config error answers fast)
+        return EXIT_BAD_INPUT
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     cuda = _has_cuda() and cfg.parallel.device != "cpu"
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")

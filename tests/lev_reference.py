@@ -1,4 +1,4 @@
-"""A plain, readable LEV (lev-spec.md, steps 1-7), token by token, dense everywhere.
+"""A plain, readable LEV (docs/lev.md, steps 1-7), token by token, dense everywhere.
 
 The efficient layer (:mod:`leviathan_pretrain.model.lev`) must match this to 1e-5; the tests and
 ``benchmarks/bench_lev.py`` both import it. No chunking, no unique ids, no 3-non-zero tricks.

@@ -333,6 +333,13 @@ def test_a_different_tensor_parallel_size_is_refused_naming_both_layouts():
     ), err
 
 
+def record(fields: dict):
+    """A checkpoint record at step 0 with ``fields``."""
+    from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
+
+    return CheckpointRecord.from_json({"step": 0, "consumed_samples": 0, **fields}, "leviathan.json")
+
+
 def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
     from leviathan_pretrain.config import load_config
     from leviathan_pretrain.model import LAYOUT_VERSION
@@ -340,7 +347,7 @@ def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
 
     cfg = load_config(CONFIG, [])
     dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
-    meta = {"config": {"model": {}}, "layout": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1}}
+    meta = record({"config": {"model": {}}, "layout": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1}})
     with pytest.raises(ckpt.CheckpointError, match=f"model layout 1 .* this code reads layout {LAYOUT_VERSION}"):
         ckpt.check_compatible(cfg, meta, None, tmp_path, dims)
 
@@ -357,7 +364,7 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
     layout = {"tp": 1, "pp": 1, "dp": 1, "zero_stage": cfg.parallel.zero_stage}
 
     def meta(**model):
-        return {"model_layout": LAYOUT_VERSION, "config": {"model": model}, "layout": layout}
+        return record({"model_layout": LAYOUT_VERSION, "config": {"model": model}, "layout": layout})
 
     older = {k: v for k, v in to_dict(cfg.model).items() if k not in ("compile", "activation_fusion")}
     ckpt.check_compatible(cfg, meta(**older), None, tmp_path, dims)
@@ -367,9 +374,10 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
 
 
 def test_layout_rules_without_reshard():
+    from leviathan_pretrain.trainer.ckpt_record import ParallelLayout
     from leviathan_pretrain.trainer.reshard import check_layout
 
-    saved = {"tp": 1, "pp": 2, "dp": 4, "zero_stage": 1}
+    saved = ParallelLayout(tp=1, pp=2, dp=4, zero_stage=1)
     check_layout(saved, 1, 2, 2, 1, True, "ck")  # fewer nodes: fine
     with pytest.raises(ckpt.CheckpointError, match="checkpoint.reshard=true"):
         check_layout(saved, 1, 2, 2, 1, False, "ck")

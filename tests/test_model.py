@@ -173,6 +173,41 @@ def test_param_count_at_paper_scale_on_meta_device(world, variant):
     assert sum(p.numel() for p in model.parameters()) == sizes.param_breakdown(cfg.model)["total"]
 
 
+def test_a_variant_added_through_the_registry_alone(world):
+    """A toy input layer (tests/toy_variant.py: one module) and its registry entry, nothing else: the config
+    accepts it, the closed-form count equals the model's, the planner and the FLOPs use its entry, it trains."""
+    from leviathan_pretrain.model import variants
+    from leviathan_pretrain.plan import make_plan
+    from tests.toy_variant import TOY, WIDTH, ToyInput
+
+    with pytest.raises(Exception, match="unknown variant 'toy'"):
+        small("toy")
+    variants.register(TOY)
+    try:
+        cfg = small("toy")
+        seed_everything(1, world.device)
+        model = make(cfg)
+        assert isinstance(model.input_layer, ToyInput)
+        assert sum(p.numel() for p in model.input_layer.parameters()) == sizes.input_params(cfg.model)
+        assert sum(p.numel() for p in model.parameters()) == sizes.param_breakdown(cfg.model)["total"]
+        tied_flops = model_flops_per_token(small("untied"))
+        assert model_flops_per_token(cfg) == tied_flops + 3.0 * 2 * WIDTH * cfg.model.hidden_size
+        plan = make_plan(cfg, 1, 1, device="cpu", mem_limit_gb=None)
+        assert plan.params_per_rank == sizes.param_breakdown(cfg.model)["total"]
+        x, y, pos = batch()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(4):
+            loss = model(x, pos, None, labels=y).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[-1] < losses[0], losses
+    finally:
+        variants.REGISTRY.pop("toy")
+
+
 def test_weight_decay_groups(world):
     model = make(small("lev"))
     decay, no_decay = weight_decay_groups(model, 0.1)

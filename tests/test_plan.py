@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leviathan_pretrain.config import load_config
+from leviathan_pretrain.config import VARIANTS, load_config
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.plan import (
     BYTES,
@@ -19,7 +19,6 @@ from leviathan_pretrain.plan import (
 
 BIG = "configs/1.2b-lev.yaml"
 TINY = "configs/tiny-cpu-lev.yaml"
-VARIANTS = ("lev", "tied", "untied", "albert", "flat_mlp", "factored_mlp")
 
 
 def cfg_of(path=BIG, *overrides):

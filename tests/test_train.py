@@ -65,7 +65,8 @@ def test_batch_sizes_must_fit_the_data_parallel_size():
     errors = dp_tp_runs()["errors"]["bad_batch"]
     assert errors == {
         r: "ConfigError: train.global_batch_size: 6 is not a multiple of train.micro_batch_size x "
-        "data-parallel size = 2 x 2"
+        "data-parallel size = 2 x 2 = 4; set it to a multiple of 4 (e.g. 8) or change train.micro_batch_size or "
+        "the number of ranks"
         for r in (0, 1)
     }
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import shutil
 import tempfile
@@ -39,16 +38,16 @@ import torch
 
 from leviathan_pretrain.config import Config, ConfigError
 from leviathan_pretrain.configlib import build, validate_tree
+from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer.ckpt_names import (
     META,
     TAG_PREFIX,
     CheckpointError,
     complete_tags,
     read_latest,
-    recorded_tokenizer_fingerprint,
-    step_of,
     tag_for,
 )
+from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
 
 if TYPE_CHECKING:
     from data_prep.tokenizer import Tokenizer
@@ -68,7 +67,7 @@ class Trained:
     ckpt_dir: Path
     tag: str
     step: int
-    meta: dict
+    record: CheckpointRecord
     cfg: Config
     model: torch.nn.Module
     tokenizer: "Tokenizer | None"
@@ -94,7 +93,7 @@ def checkpoint_location(run_dir: str | os.PathLike, checkpoint_dir: str | os.Pat
         run = Path(run_dir)
         if not run.is_dir():
             raise EvalError(f"{run}: no such run directory")
-        path = run / "checkpoints"
+        path = RunLayout(run).checkpoints
         if not path.is_dir() and ((run / "latest").is_file() or any(run.glob(f"{TAG_PREFIX}*"))):
             path = run
     if not path.is_dir():
@@ -121,11 +120,9 @@ def select_tag(ckpt_dir: Path, step: int | None = None) -> str:
     return tag
 
 
-def saved_config(meta: dict, where: Path) -> Config:
+def saved_config(record: CheckpointRecord, where: Path) -> Config:
     """The run's :class:`Config` from ``leviathan.json`` (validated without touching its data paths)."""
-    data = copy.deepcopy(meta.get("config"))
-    if not isinstance(data, dict):
-        raise EvalError(f"{where}: no config recorded")
+    data = copy.deepcopy(record.config)
     tokenizer = (data.get("data") or {}).pop("tokenizer", None)
     try:
         cfg = build(Config, data)
@@ -136,7 +133,9 @@ def saved_config(meta: dict, where: Path) -> Config:
     return cfg
 
 
-def check_tokenizer(cfg: Config, meta: dict, tokenizer: str | os.PathLike | None, where: Path) -> "Tokenizer | None":
+def check_tokenizer(
+    cfg: Config, record: CheckpointRecord, tokenizer: str | os.PathLike | None, where: Path
+) -> "Tokenizer | None":
     """The tokenizer to use: ``tokenizer`` or the run's ``data.tokenizer`` (with its ``data.tiktoken_pattern``), any
     kind; its fingerprint must equal the one recorded at training. None when neither is there (then only shard
     evaluation is possible)."""
@@ -152,7 +151,7 @@ def check_tokenizer(cfg: Config, meta: dict, tokenizer: str | os.PathLike | None
         tok = open_cached(spec, cfg.data.tiktoken_pattern)
     except (UserError, OSError) as e:
         raise EvalError(str(e)) from None
-    want = recorded_tokenizer_fingerprint(meta)
+    want = record.tokenizer_fp
     if want and tok.fingerprint != want:
         raise EvalError(
             f"{tok.path}: fingerprint {tok.fingerprint[:16]}... differs from the tokenizer this run trained with "
@@ -180,9 +179,9 @@ def _piece_of(key: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _weights_only():
-    from leviathan_pretrain.trainer.reshard import _weights_only_torch_load
+    from leviathan_pretrain.trainer.reshard import weights_only_torch_load
 
-    with _weights_only_torch_load():
+    with weights_only_torch_load():
         yield
 
 
@@ -208,11 +207,11 @@ def _zero3_state(tag_dir: Path, tp_rank: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def shard_states(tag_dir: Path, layout: dict) -> list[dict]:
+def shard_states(tag_dir: Path, layout: ParallelLayout) -> list[dict]:
     """Per TP rank, the state dict of the whole model (keys as the PP = 1 model names them)."""
     from leviathan_pretrain.trainer.safe_io import safe_load
 
-    tp, pp, zero = int(layout.get("tp", 1)), int(layout.get("pp", 1)), int(layout.get("zero_stage") or 0)
+    tp, pp, zero = layout.tp, layout.pp, layout.zero_stage or 0
     states = []
     for t in range(tp):
         if zero == 3:
@@ -325,24 +324,21 @@ def load_trained(
     tag = select_tag(ckpt_dir, step)
     where = ckpt_dir / tag / META
     try:
-        meta = json.loads(where.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise EvalError(f"{where}: unreadable ({e})") from None
+        record = CheckpointRecord.read(where)
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
     from leviathan_pretrain.model import LAYOUT_VERSION
 
-    if meta.get("model_layout") != LAYOUT_VERSION:
-        raise EvalError(
-            f"{where}: model layout {meta.get('model_layout')} (this version reads layout {LAYOUT_VERSION})"
-        )
-    cfg = saved_config(meta, where)
-    tok = check_tokenizer(cfg, meta, tokenizer, where)
-    layout = meta.get("layout") or {}
-    model_cfg = _eval_model_config(cfg, int(layout.get("tp", 1)))
+    if record.model_layout != LAYOUT_VERSION:
+        raise EvalError(f"{where}: model layout {record.model_layout} (this version reads layout {LAYOUT_VERSION})")
+    cfg = saved_config(record, where)
+    tok = check_tokenizer(cfg, record, tokenizer, where)
+    model_cfg = _eval_model_config(cfg, record.layout.tp)
     build_settings = BuildSettings(
         tensor_parallel=1, tp_group=ps.get_tensor_model_parallel_group(), precision="fp32", device="cpu"
     )
     model = build_model(model_cfg, build_settings)
-    states = shard_states(ckpt_dir / tag, layout)
+    states = shard_states(ckpt_dir / tag, record.layout)
     merged = merge_tp(model, states)
     del states
     model.load_state_dict(merged, strict=True)
@@ -356,8 +352,8 @@ def load_trained(
         run_dir=Path(run_dir),
         ckpt_dir=ckpt_dir,
         tag=tag,
-        step=int(meta.get("step", step_of(tag) or 0)),
-        meta=meta,
+        step=record.step,
+        record=record,
         cfg=cfg,
         model=model,
         tokenizer=tok,

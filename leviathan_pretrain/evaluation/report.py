@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_prep.fileio import write_bytes_atomic
@@ -23,9 +24,110 @@ from data_prep.fileio import write_bytes_atomic
 SCHEMA = 1
 
 
-def write_report(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, (json.dumps(report, indent=1) + "\n").encode())
+class ReportError(ValueError):
+    """A report file that is unreadable or not in this schema; names the file and the key."""
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# what a value must be: "number" | "int" | "str" | "list" | "dict"; a None in a spec tuple: it may be null
+_TYPES = {"number": _is_num, "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "str": lambda v: isinstance(v, str), "list": lambda v: isinstance(v, list),
+          "dict": lambda v: isinstance(v, dict)}  # fmt: skip
+# the keys readers rely on, inside the sections and the entries of their lists (the top level: EvalReport's fields)
+_SECTIONS = {"params": {"total": ("int",), "input_layer": ("int",)}, "lambada": {"accuracy": ("number", None)},
+             "wikitext": {"token_ppl": ("number", None), "word_ppl": ("number", None)}}  # fmt: skip
+_ENTRIES = {"heldout": {"name": ("str",), "loss": ("number", None), "ppl": ("number", None)},
+            "frequency.buckets": {"name": ("str",), "ppl": ("number", None)}}  # fmt: skip
+
+
+def _check(d: dict, key: str, spec: tuple, where: Path, at: str = "", required: bool = True):
+    name, v = f"{at}{key}", d.get(key)
+    if key not in d:
+        if required:
+            raise ReportError(f"{where}: malformed report: missing key {name!r}")
+        return None
+    if not ((v is None and None in spec) or any(_TYPES[t](v) for t in spec if t)):
+        raise ReportError(f"{where}: malformed report: key {name!r} is {v!r}, expected {spec[0]}")
+    return v
+
+
+def _check_entries(items: list, key: str, where: Path) -> None:
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ReportError(f"{where}: malformed report: key '{key}[{i}]' is not an object")
+        for k, spec in _ENTRIES[key].items():
+            _check(item, k, spec, where, f"{key}[{i}].")
+
+
+@dataclass
+class EvalReport:
+    """One checkpoint's evaluation (the module docstring lists the keys; docs/evaluation.md explains them).
+    The sections are plain JSON objects; :meth:`from_json` checks every key a reader of reports relies on."""
+
+    step: int
+    variant: str
+    params: dict  # {total, input_layer, non_input}
+    tokens_seen: int
+    heldout: list = field(default_factory=list)
+    frequency: dict | None = None
+    wikitext: dict | None = None
+    lambada: dict | None = None
+    run: str | None = None
+    checkpoint: str | None = None
+    tag: str | None = None
+    created: str | None = None
+    settings: dict | None = None
+    seconds: float | None = None
+    schema: int = SCHEMA
+
+    # the top-level keys: required ones first; a None in the spec: may be null
+    _KEYS = {"step": ("int",), "variant": ("str",), "params": ("dict",), "tokens_seen": ("number",),
+             "heldout": ("list",), "frequency": ("dict", None), "wikitext": ("dict", None), "lambada": ("dict", None),
+             "run": ("str", None), "checkpoint": ("str", None), "tag": ("str", None), "created": ("str", None),
+             "settings": ("dict", None), "seconds": ("number", None)}  # fmt: skip
+    _REQUIRED = ("step", "variant", "params", "tokens_seen", "heldout")
+
+    def to_json(self) -> dict:
+        """The JSON object in the order evaluate has always written it."""
+        order = ("schema", "run", "checkpoint", "tag", "step", "variant", "params", "tokens_seen", "created")
+        out = {k: getattr(self, k) for k in order}
+        out.update(heldout=self.heldout, frequency=self.frequency, wikitext=self.wikitext, lambada=self.lambada)
+        out.update(settings=self.settings, seconds=self.seconds)
+        return out
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, (json.dumps(self.to_json(), indent=1) + "\n").encode())
+
+    @classmethod
+    def from_json(cls, data: object, where: Path) -> EvalReport:
+        if not isinstance(data, dict):
+            raise ReportError(f"{where}: malformed report: not a JSON object")
+        if _check(data, "schema", ("int",), where) != SCHEMA:
+            raise ReportError(
+                f"{where}: malformed report: key 'schema' is {data['schema']!r}, this tool reads {SCHEMA}"
+            )
+        got = {k: _check(data, k, spec, where, required=k in cls._REQUIRED) for k, spec in cls._KEYS.items()}
+        for key, inner in _SECTIONS.items():
+            if isinstance(got[key], dict):
+                for k, spec in inner.items():
+                    _check(got[key], k, spec, where, f"{key}.")
+        _check_entries(got["heldout"], "heldout", where)
+        if got["frequency"] is not None:
+            buckets = _check(got["frequency"], "buckets", ("list",), where, "frequency.")
+            _check_entries(buckets, "frequency.buckets", where)
+        return cls(**{k: v for k, v in got.items() if k in data})
+
+    @classmethod
+    def read(cls, path: Path) -> EvalReport:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ReportError(f"{path}: not a readable evaluation report ({e})") from None
+        return cls.from_json(data, path)
 
 
 def _num(x, fmt: str = ".2f") -> str:
@@ -34,8 +136,9 @@ def _num(x, fmt: str = ".2f") -> str:
     return format(x, fmt)
 
 
-def console_table(report: dict) -> str:
-    """A human summary of ``report``."""
+def console_table(rep: EvalReport) -> str:
+    """A human summary of a report."""
+    report = rep.to_json()
     p = report["params"]
     lines = [
         f"run {report['run']}  {report['tag']}  variant={report['variant']}  params {p['total'] / 1e6:.2f}M "
@@ -82,8 +185,9 @@ def console_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def tensorboard_scalars(report: dict) -> dict[str, float]:
+def tensorboard_scalars(rep: EvalReport) -> dict[str, float]:
     """``eval/...`` scalars of a report (logged at the checkpoint's step)."""
+    report = rep.to_json()
     out = {}
     for h in report["heldout"]:
         out[f"eval/{h['name']}/loss"] = h["loss"]

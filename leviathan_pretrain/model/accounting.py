@@ -18,33 +18,19 @@ FLOPs convention (PaLM / Megatron-LM style, *model* FLOPs: no recomputation coun
 
 from __future__ import annotations
 
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import sizes, variants
 
 
 def input_forward_flops_per_id(model) -> float:
     """Forward FLOPs of the input layer per unique id (0 for plain tables)."""
-    v, D = model.variant, model.hidden_size
-    if v == "lev":
-        lev = model.lev
-        h, d, r = lev.heads, lev.seed_dim, lev.rank
-        return 2 * h * d * d + 7 * h * d * r + 2 * h * r * D
-    if v == "albert":
-        return 2 * sizes.albert_dim(model) * D
-    if v == "flat_mlp":
-        e, m = sizes.flat_mlp_dims(model)
-        return 2 * (e * m + m * D)
-    if v == "factored_mlp":
-        m = sizes.factored_mlp_hidden(model)
-        return 2 * (model.lev.seed_dim * m + m * D)
-    return 0.0
+    return float(variants.get(model.variant).forward_flops_per_id(model))
 
 
 def model_flops_per_token(cfg, unique_ratio: float = 1.0) -> float:
     """Training FLOPs (forward + backward) per token of ``cfg.model``; see the module doc for the convention."""
     m = cfg.model
     D, L, s = m.hidden_size, m.num_layers, m.seq_length
-    kv = (m.num_query_groups or m.num_attention_heads) * (D // m.num_attention_heads)
-    per_layer = D * (D + 2 * kv) + D * D + 3 * D * m.resolved_ffn_hidden_size()
+    per_layer = sizes.layer_params_split(m)[1]  # the matmul weights
     head = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_parallel) * D
     q = m.num_attention_heads * (D // m.num_attention_heads)
     return 6.0 * (L * per_layer + head) + 6.0 * L * s * q + 3.0 * input_forward_flops_per_id(m) * unique_ratio

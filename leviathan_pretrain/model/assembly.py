@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from leviathan_pretrain.model import variants
 from leviathan_pretrain.model.gpt import (
     BlockPiece,
     FinalNorm,
@@ -75,7 +76,7 @@ def model_pieces(model, build: BuildSettings, tconfig=None) -> list[Piece]:
     """The ordered pieces of ``model`` (``ModelConfig``) built with ``build``; see the module doc."""
     tconfig = tconfig or build_transformer_config(model, build)
     common = (model, build, tconfig)
-    tied = model.variant == "tied"
+    tied = variants.get(model.variant).tied_head
     tie = dict(tie=TIE_KEY, tied_weight=TIED_WEIGHT) if tied else {}
     pieces = [Piece(InputPiece, common, **tie)]
     pieces += [Piece(BlockPiece, (*common, i + 1)) for i in range(model.num_layers)]

@@ -42,21 +42,16 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import sizes, variants
 from leviathan_pretrain.model.attention import CPUSafeRotaryEmbedding, SDPACoreAttention
 from leviathan_pretrain.model.head import HeadOptions, head_forward
-from leviathan_pretrain.model.inputs import AlbertInput, FactoredMLPInput, FlatMLPInput, TableInput
-from leviathan_pretrain.model.lev import LEVInput
-from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
+from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError, resolved_attention
 
 
 def attention_backend(model, build: BuildSettings) -> str:
-    """``sdpa`` or ``megatron``. ``auto`` is ``sdpa`` on every device: ``is_causal`` SDPA picks torch's flash /
-    memory-efficient kernels on a GPU (no ``s x s`` scores), where megatron-core's ``DotProductAttention``
-    (``megatron``, CUDA only) keeps the full fp32 ``s x s`` softmax."""
-    backend = model.attention_backend
-    if backend == "auto":
-        return "sdpa"
+    """``sdpa`` or ``megatron`` (:func:`~leviathan_pretrain.model.settings.resolved_attention`); ``megatron``
+    off CUDA is refused."""
+    backend = resolved_attention(model.attention_backend)
     if backend == "megatron" and build.torch_device.type != "cuda":
         raise ModelConfigError(
             "model.attention_backend: 'megatron' (DotProductAttention) needs CUDA; use 'sdpa' or 'auto' on CPU"
@@ -180,20 +175,14 @@ def build_rotary(model, tconfig: TransformerConfig) -> CPUSafeRotaryEmbedding:
 
 
 def build_input_layer(model, build: BuildSettings, tconfig: TransformerConfig) -> torch.nn.Module:
-    """The input representation chosen by ``model.variant``: ``forward(input_ids [b, s], position_ids=None)
-    -> hidden [s, b, D]``."""
-    v, group = model.variant, build.tp_group
-    if v in ("tied", "untied"):
-        return TableInput(tconfig, model.vocab_size, padded_vocab_size(model, build), model.seq_length, group)
-    if v == "lev":
-        return LEVInput(tconfig, model, group)
-    if v == "albert":
-        return AlbertInput(tconfig, model, padded_vocab_size(model, build), group)
-    if v == "flat_mlp":
-        return FlatMLPInput(tconfig, model, padded_vocab_size(model, build), group)
-    if v == "factored_mlp":
-        return FactoredMLPInput(tconfig, model, group)
-    raise ModelConfigError(f"model.variant: unknown variant {v!r}")
+    """The input representation chosen by ``model.variant`` (its class: model/variants.py):
+    ``forward(input_ids [b, s], position_ids=None) -> hidden [s, b, D]``."""
+    try:
+        variant = variants.get(model.variant)
+    except ValueError as e:
+        raise ModelConfigError(str(e)) from None
+    cls = variants.layer_class(variant)
+    return cls.from_model(tconfig, model, padded_vocab_size(model, build), build.tp_group)
 
 
 # ---- the pieces -------------------------------------------------------------------------------------------
@@ -205,7 +194,7 @@ class InputPiece(torch.nn.Module):
         super().__init__()
         self.embedding = build_input_layer(model, build, tconfig)
         self.tp_group = build.tp_group
-        if model.variant == "tied":  # the table is also the output head (tied_head)
+        if variants.get(model.variant).tied_head:  # the table is also the output head (tied_head)
             self.head_options = HeadOptions.of(model, build, padded_vocab_size(model, build) // build.tensor_parallel)
 
     def forward(self, inputs):

@@ -99,6 +99,11 @@ class TableInput(LanguageModelEmbedding):
         )
         self.token_vocab_size = vocab_size
 
+    @classmethod
+    def from_model(cls, config: TransformerConfig, model_cfg, padded_vocab_size: int, tp_group=None):
+        """The registry's constructor (model/variants.py): every input layer is built from the same four."""
+        return cls(config, model_cfg.vocab_size, padded_vocab_size, model_cfg.seq_length, tp_group)
+
     def forward(self, input_ids, position_ids=None, tokentype_ids=None):
         check_token_ids(input_ids, self.token_vocab_size)
         return super().forward(input_ids, position_ids, tokentype_ids)
@@ -121,6 +126,11 @@ class UniqueIdInput(MegatronModule):
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
         self.register_buffer("lookup_table", None, persistent=False)
         self.last_unique_ratio = 1.0  # unique ids / tokens of the last micro-batch (for FLOPs accounting)
+
+    @classmethod
+    def from_model(cls, config: TransformerConfig, model_cfg, padded_vocab_size: int, tp_group=None):
+        """The registry's constructor (model/variants.py); layers without a table ignore ``padded_vocab_size``."""
+        return cls(config, model_cfg, padded_vocab_size, tp_group)
 
     def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
         """``ids [n]`` (unique, in range) -> ``[n, D]`` rows (partial over TP if ``partial_over_tp``)."""
@@ -285,6 +295,10 @@ class DigitCodebooks(torch.nn.Module):
 
 class FactoredMLPInput(UniqueIdInput):
     """Factored MLP ablation: LEV's digit codebooks ``z(i)`` then an MLP ``d_seed -> m -> D`` (hidden sharded)."""
+
+    @classmethod
+    def from_model(cls, config, model_cfg, padded_vocab_size: int, tp_group=None):
+        return cls(config, model_cfg, tp_group)
 
     def __init__(self, config, model_cfg, tp_group=None):
         super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)

@@ -1,4 +1,4 @@
-"""The LEV input layer (shared/notes/lev-spec.md), tensor-parallel over its heads.
+"""The LEV input layer (docs/lev.md), tensor-parallel over its heads.
 
 For the unique token ids ``i`` of a micro-batch::
 
@@ -48,6 +48,10 @@ class LEVInput(UniqueIdInput):
     gradients, but bf16 storage (DeepSpeed casts the module) keeps ~2^-8 of 0.1 instead of 2^-8 of 1: with
     128 coordinates multiplied, rounding S itself to bf16 would perturb M by several percent.
     """
+
+    @classmethod
+    def from_model(cls, config, model_cfg, padded_vocab_size: int, tp_group=None):
+        return cls(config, model_cfg, tp_group)
 
     def __init__(self, config, model_cfg, tp_group=None):
         super().__init__(config, model_cfg.vocab_size, model_cfg.hidden_size, tp_group)

@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-DTYPES = ("fp32", "bf16", "fp16")
+from leviathan_pretrain.dtypes import DTYPES as _DTYPES
+from leviathan_pretrain.dtypes import torch_dtype
+
+DTYPES = tuple(_DTYPES)
 
 
 class ModelConfigError(ValueError):
@@ -30,6 +33,13 @@ def resolve_device(want: str):
     if want == "auto":
         want = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(want)
+
+
+def resolved_attention(backend: str) -> str:
+    """``model.attention_backend`` resolved: ``auto`` is ``sdpa`` on every device (``is_causal`` SDPA picks torch's
+    flash / memory-efficient kernels on a GPU: no ``s x s`` scores); ``megatron`` is megatron-core's
+    ``DotProductAttention`` (CUDA only, the full fp32 ``s x s`` softmax). The model and the planner both ask here."""
+    return "sdpa" if backend == "auto" else backend
 
 
 def group_size(group) -> int:
@@ -85,6 +95,4 @@ class BuildSettings:
 
     @property
     def params_dtype(self):
-        import torch
-
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        return torch_dtype(self.precision)

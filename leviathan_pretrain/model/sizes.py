@@ -68,37 +68,36 @@ def flat_mlp_dims(model) -> tuple[int, int]:
 def input_params(model, tensor_parallel: int = 1) -> int:
     """Parameters of the input representation (the whole model, not one TP rank's share). Tables count
     their padded rows (what is allocated); matched widths are computed from the real vocabulary."""
-    V, D, v = model.vocab_size, model.hidden_size, model.variant
-    V_pad = padded_vocab_size(V, model.make_vocab_size_divisible_by, tensor_parallel)
-    if v in ("tied", "untied"):
-        return V_pad * D
-    if v == "lev":
-        return lev_input_params(V, D, model.lev)
-    if v == "albert":
-        e = albert_dim(model)
-        return V_pad * e + e * D
-    if v == "flat_mlp":
-        e, m = flat_mlp_dims(model)
-        return V_pad * e + e * m + m * D
-    if v == "factored_mlp":
-        lev = model.lev
-        m = factored_mlp_hidden(model)
-        return lev.digits * lev.resolved_base(V) * lev.seed_dim + 2 * lev.seed_dim + lev.seed_dim * m + m * D
-    raise ValueError(f"model.variant: unknown variant {v!r}")
+    return input_split(model, tensor_parallel).total
 
 
-def body_params(model) -> int:
-    """Transformer layers (RMSNorm, QKV, proj, SwiGLU; no biases) + the final norm."""
+def input_split(model, tensor_parallel: int = 1):
+    """The input layer's :class:`~leviathan_pretrain.model.variants.InputParams` (replicated + TP-sharded)."""
+    from leviathan_pretrain.model import variants
+
+    v_pad = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel)
+    return variants.get(model.variant).params(model, v_pad)
+
+
+def layer_params_split(model) -> tuple[int, int]:
+    """One transformer layer's ``(replicated, tp_sharded)`` parameters: two RMSNorms; QKV, the attention output
+    and SwiGLU (the matmul weights). No biases."""
     D = model.hidden_size
     heads = model.num_attention_heads
     kv = (model.num_query_groups or heads) * (D // heads)
     F = model.resolved_ffn_hidden_size()
-    per_layer = D + D * (D + 2 * kv) + D * D + D + 3 * D * F
-    return model.num_layers * per_layer + D
+    return 2 * D, D * (D + 2 * kv) + D * D + 3 * D * F
+
+
+def body_params(model) -> int:
+    """Transformer layers (RMSNorm, QKV, proj, SwiGLU; no biases) + the final norm."""
+    return model.num_layers * sum(layer_params_split(model)) + model.hidden_size
 
 
 def head_params(model, tensor_parallel: int = 1) -> int:
-    if model.variant == "tied":
+    from leviathan_pretrain.model import variants
+
+    if variants.get(model.variant).tied_head:
         return 0
     return padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel) * model.hidden_size
 

@@ -1,11 +1,17 @@
 """The trainer behind ``python -m leviathan_pretrain.train``: one module per concern.
 
 - :mod:`.data`        shard checks, megatron-core ``GPTDataset`` blends, deterministic micro-batches
+- :mod:`.data_cache`  the data index cache's location, index files and stamp
 - :mod:`.schedule`    learning-rate schedule and AdamW parameter groups
 - :mod:`.engine`      the DeepSpeed engine (megatron-core model, or a DeepSpeed ``PipelineModule`` for PP > 1)
 - :mod:`.pipe`        the pipeline-stage layers
 - :mod:`.checkpoint`  DeepSpeed checkpoints, atomic ``latest``, keep-last-K, RNG/data state, safe loading
+- :mod:`.ckpt_names`  the checkpoint directory's names and their torch-free readers (re-exported by ``.checkpoint``)
+- :mod:`.ckpt_record` ``CheckpointRecord``: ``leviathan.json``'s fields, defaults and JSON (torch-free)
+- :mod:`.safe_io`     weights-only checkpoint loading, DeepSpeed's checkpoint engine with it
+- :mod:`.state`       ``TrainState``: step, samples consumed, skipped steps; per-rank RNG state
+- :mod:`.reshard`     resume at another data-parallel size (DeepSpeed universal checkpoint)
 - :mod:`.metrics`     TensorBoard, console line, ``train_log.jsonl``, throughput/MFU/memory
-- :mod:`.faults`      non-finite steps, SIGTERM/SIGUSR1, exit codes
+- :mod:`.faults`      non-finite steps, SIGTERM/SIGUSR1, the stop vote (exit codes: ``leviathan_pretrain.exit_codes``)
 - :mod:`.loop`        the training loop tying them together
 """

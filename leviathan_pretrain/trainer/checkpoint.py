@@ -50,10 +50,10 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
     checkpoint_dir,
     complete_tags,
     read_latest,
-    recorded_tokenizer_fingerprint,
     step_of,
     tag_for,
 )
+from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
 from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -141,16 +141,17 @@ def _begin(ckpt_dir: Path, tag: str, step: int) -> None:
     fsync_path(ckpt_dir)
 
 
-def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last: int) -> str:
-    """Collective: write checkpoint ``global_step<state.step>`` and commit it (see the module docstring).
-    ``leviathan.json`` = ``run_meta`` (config, tokenizer, layout) + ``state.state_dict()``."""
+def save(ds_engine, ckpt_dir: Path, record: CheckpointRecord, keep_last: int) -> str:
+    """Collective: write checkpoint ``global_step<record.step>`` and commit it (see the module docstring) with
+    ``record`` as its ``leviathan.json``."""
     ckpt_dir = Path(ckpt_dir)
-    step = state.step
-    tag = tag_for(step)
+    tag = tag_for(record.step)
+    if record.tag != tag:
+        raise ValueError(f"record for {record.tag!r} saved as {tag!r}")
     rank = dist.get_rank()
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        _begin(ckpt_dir, tag, step)
+        _begin(ckpt_dir, tag, record.step)
     dist.barrier()
     engine = ds_engine.checkpoint_engine
     written = engine.start_recording() if isinstance(engine, SafeCheckpointEngine) else []
@@ -165,8 +166,7 @@ def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last
     fsync_path(ckpt_dir / tag)
     dist.barrier()
     if rank == 0:
-        meta = {**run_meta, **state.state_dict(), "tag": tag}
-        _atomic_write(ckpt_dir / tag / META, json.dumps(meta, indent=1))
+        _atomic_write(ckpt_dir / tag / META, record.dumps())
         (ckpt_dir / tag / SAVING).unlink()
         fsync_path(ckpt_dir / tag)
         _atomic_write(ckpt_dir / LATEST, tag)
@@ -175,11 +175,7 @@ def save(ds_engine, ckpt_dir: Path, state: TrainState, run_meta: dict, keep_last
     return tag
 
 
-def read_meta(ckpt_dir: Path, tag: str) -> dict:
-    return json.loads((Path(ckpt_dir) / tag / META).read_text())
-
-
-def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
+def load(ds_engine, ckpt_dir: Path, tag: str, record: CheckpointRecord) -> TrainState:
     """Collective: load checkpoint ``tag`` (model, optimizer, this rank's RNG) into the engine; returns its
     :class:`TrainState`. A checkpoint written at another data-parallel size whose optimizer state is
     partitioned over DP (ZeRO 1-3; DeepSpeed's bf16 optimizer) goes through DeepSpeed's universal checkpoint
@@ -187,10 +183,10 @@ def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
     from megatron.core import parallel_state as ps
 
     ckpt_dir = Path(ckpt_dir)
-    saved = meta.get("layout", {})
+    saved = record.layout
     partitioned = any((ckpt_dir / tag).glob("*zero_pp_rank_*"))
-    if saved.get("dp") not in (None, ps.get_data_parallel_world_size()) and partitioned:
-        path, _ = reshard.load_universal(ds_engine, ckpt_dir, tag, saved.get("zero_stage", 0) or 0)
+    if saved.dp not in (None, ps.get_data_parallel_world_size()) and partitioned:
+        path, _ = reshard.load_universal(ds_engine, ckpt_dir, tag, saved.zero_stage or 0)
     else:
         path, _ = ds_engine.load_checkpoint(
             str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
@@ -201,7 +197,7 @@ def load(ds_engine, ckpt_dir: Path, tag: str, meta: dict) -> TrainState:
     if rng_path.is_file():  # per global rank: after a DP change new ranks keep their fresh seeding
         TrainState.load_rng_state_dict(safe_load(rng_path))
     state = TrainState()
-    state.load_state_dict(meta)
+    state.load_state_dict(record.state_fields())
     return state
 
 
@@ -246,15 +242,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_compatible(cfg: Config, meta: dict, tok_fp: str | None, where: Path, dims: ParallelDims) -> None:
+def check_compatible(
+    cfg: Config, record: CheckpointRecord, tok_fp: str | None, where: Path, dims: ParallelDims
+) -> None:
     """The checkpoint's model config and tokenizer match this run, and its parallel layout can be loaded: the
     same TP, PP and ZeRO stage; another data-parallel size with ``checkpoint.reshard`` (before loading it)."""
-    if meta.get("model_layout", 1) != LAYOUT_VERSION:
+    if record.model_layout != LAYOUT_VERSION:
         raise CheckpointError(
-            f"{where}: written with model layout {meta.get('model_layout', 1)} (the state-dict "
+            f"{where}: written with model layout {record.model_layout} (the state-dict "
             f"names of another leviathan_pretrain version); this code reads layout {LAYOUT_VERSION}"
         )
-    saved = _flat(meta.get("config", {}).get("model", {}))
+    saved = _flat(record.config.get("model") or {})
     now = _flat(to_dict(cfg.model))
     diff = [k for k in sorted(set(saved) | set(now)) if k not in RESUME_FREE and saved.get(k) != now.get(k)]
     if diff:
@@ -263,13 +261,13 @@ def check_compatible(cfg: Config, meta: dict, tok_fp: str | None, where: Path, d
             f"{where}: written for model.{k}={saved.get(k)!r}, the config says "
             f"{now.get(k)!r}; use the same model config or another checkpoint.dir"
         )
-    saved_fp = recorded_tokenizer_fingerprint(meta)
+    saved_fp = record.tokenizer_fp
     if saved_fp and tok_fp and saved_fp != tok_fp:
         raise CheckpointError(
             f"{where}: written with a different tokenizer (fingerprint {saved_fp[:12]}..., "
-            f"{meta.get('config', {}).get('data', {}).get('tokenizer')}) than data.tokenizer={cfg.data.tokenizer} "
+            f"{(record.config.get('data') or {}).get('tokenizer')}) than data.tokenizer={cfg.data.tokenizer} "
             f"({tok_fp[:12]}...)"
         )
     reshard.check_layout(
-        meta.get("layout", {}), dims.tp, dims.pp, dims.dp, cfg.parallel.zero_stage, cfg.checkpoint.reshard, where
+        record.layout, dims.tp, dims.pp, dims.dp, cfg.parallel.zero_stage, cfg.checkpoint.reshard, where
     )

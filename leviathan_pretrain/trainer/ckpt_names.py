@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from leviathan_pretrain.rundir.layout import RunLayout
+
 TAG_PREFIX = "global_step"
 META = "leviathan.json"
 SAVING = "leviathan.saving"
@@ -46,10 +48,4 @@ def read_latest(ckpt_dir: Path) -> str | None:
 
 def checkpoint_dir(cfg) -> Path:
     """``checkpoint.dir`` of a :class:`~leviathan_pretrain.config.Config`, default ``<train.out_dir>/checkpoints``."""
-    return Path(cfg.checkpoint.dir or Path(cfg.train.out_dir) / "checkpoints")
-
-
-def recorded_tokenizer_fingerprint(meta: dict) -> str | None:
-    """The tokenizer fingerprint a checkpoint's ``leviathan.json`` records (older ones: the file sha256, which is a
-    SentencePiece model's fingerprint)."""
-    return meta.get("tokenizer_fingerprint") or meta.get("tokenizer_sha256")
+    return RunLayout.from_config(cfg).checkpoints

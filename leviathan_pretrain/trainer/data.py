@@ -33,12 +33,13 @@ import torch.distributed as dist
 
 from data_prep.mmidx import IndexFormatError, read_index
 from leviathan_pretrain.config import Config, ConfigError, split_weights
+from leviathan_pretrain.config_parallel import accumulation_steps
 from leviathan_pretrain.trainer.data_cache import (
-    _file_key,
     atomic_write_text,
     cache_dir,
     cache_status,
     command_for,
+    file_key,
     index_files,
     read_json,
     write_stamp,
@@ -93,7 +94,7 @@ def _scan_cached(bin_path: Path, dtype, cache: Path | None) -> tuple[int, str]:
     else from a scan, which is then recorded there (atomically; an unwritable cache only warns)."""
     if cache is None:
         return _scan_max_id(bin_path, dtype), "scan"
-    key, me = str(bin_path.resolve()), {**_file_key(bin_path), "dtype": np.dtype(dtype).name}
+    key, me = str(bin_path.resolve()), {**file_key(bin_path), "dtype": np.dtype(dtype).name}
     hit = read_json(cache / SCANS).get("shards", {}).get(key)
     if (
         isinstance(hit, dict)
@@ -400,7 +401,7 @@ class Batches:
         self, dataset, micro_batch: int, dp_size: int, dp_rank: int, global_batch: int, vocab_size: int | None = None
     ):
         self.ds, self.m, self.dp, self.r, self.g = dataset, micro_batch, dp_size, dp_rank, global_batch
-        self.gas = global_batch // (micro_batch * dp_size)
+        self.gas = accumulation_steps(global_batch, micro_batch, dp_size)
         self.vocab_size = vocab_size  # given: every micro-batch's ids are checked here, on the host
 
     def micro_batch(self, start: int) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ def read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _file_key(path: Path) -> dict:
+def file_key(path: Path) -> dict:
     st = path.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -83,7 +83,7 @@ def cache_fingerprint(cfg: Config, eod: int) -> dict:
     d = cfg.data
     shards = {}
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
-        shards[p] = {ext[1:]: _file_key(Path(p + ext)) if Path(p + ext).is_file() else None for ext in (".bin", ".idx")}
+        shards[p] = {ext[1:]: file_key(Path(p + ext)) if Path(p + ext).is_file() else None for ext in (".bin", ".idx")}
     g = cfg.train.global_batch_size
     return {
         "data.prefixes": list(d.prefixes),

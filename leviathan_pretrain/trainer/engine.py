@@ -22,6 +22,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError
+from leviathan_pretrain.config_parallel import accumulation_steps
 from leviathan_pretrain.model import BuildSettings, ModelConfigError, build_model
 from leviathan_pretrain.parallel import DeepSpeedMPU
 from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
@@ -50,7 +51,7 @@ def zero_config(cfg: Config, cuda: bool) -> dict:
 def deepspeed_config(cfg: Config, dp: int, own_clipping: bool, cuda: bool = False) -> dict:
     """The DeepSpeed config of this run; ``cuda``: whether it runs on GPUs (``overlap_comm``'s default)."""
     t, o, p = cfg.train, cfg.optim, cfg.parallel
-    gas = t.global_batch_size // (t.micro_batch_size * dp)
+    gas = accumulation_steps(t.global_batch_size, t.micro_batch_size, dp)
     ds = {
         "train_batch_size": t.global_batch_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,

@@ -1,14 +1,9 @@
 """Faults: non-finite steps, preemption signals, and the exit codes a launcher acts on.
 
-Exit codes of ``python -m leviathan_pretrain.train``:
-
-- ``0``  finished ``train.steps`` (final checkpoint written)
-- ``1``  any other error; raised on one rank, it ends every rank at once (:func:`abort_rank`)
-- ``2``  bad config or data (one line naming the key or file; a token id outside the vocabulary)
-- ``3``  stopped after ``train.max_bad_steps`` consecutive non-finite steps (no new checkpoint written)
-- ``75`` stopped early *with* a checkpoint: SIGTERM/SIGUSR1 (preemption, SLURM's warning before the time
-  limit), ``train.exit_at_step`` or ``train.exit_after_minutes``. Re-run the same command to continue; a
-  launcher requeues on this code (75 is ``EX_TEMPFAIL``).
+Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`leviathan_pretrain.exit_codes`): ``0``
+finished ``train.steps`` (final checkpoint written); ``1`` any other error, raised on one rank, it ends every rank
+at once (:func:`abort_rank`); ``2`` bad config or data (one line naming the key or file; a token id outside the
+vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with a checkpoint (re-run to continue).
 
 Non-finite steps: a step whose loss or gradient norm is NaN/Inf is skipped (no parameter update, LR
 schedule not advanced) and counted. DeepSpeed's optimizers detect it themselves (fp16 loss-scale overflow,
@@ -28,12 +23,9 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import TrainConfig
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
+from leviathan_pretrain.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_REQUEUE  # noqa: F401  (re-exported)
 from leviathan_pretrain.model.inputs import TokenIdError
-
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_DIVERGED = 3
-EXIT_REQUEUE = 75
 
 
 class Diverged(RuntimeError):

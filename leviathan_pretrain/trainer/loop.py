@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 
 import deepspeed
 import torch.distributed as dist
@@ -21,7 +20,9 @@ from megatron.core import parallel_state as ps
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION, lev_health, lev_layer, model_flops_per_token
 from leviathan_pretrain.parallel import ParallelDims, init_distributed, parallel_dims, seed_everything
+from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
 from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
 from leviathan_pretrain.trainer.engine import build_engine
 from leviathan_pretrain.trainer.faults import (
@@ -102,7 +103,8 @@ class Trainer:
         self.denv = init_distributed(cfg.parallel)
         self.dims = dims = parallel_dims(t.micro_batch_size, t.global_batch_size)
         self.t0 = time.monotonic()
-        self.out_dir, self.cdir = Path(t.out_dir), ckpt.checkpoint_dir(cfg)
+        layout = RunLayout.from_config(cfg)
+        self.out_dir, self.cdir = layout.root, layout.checkpoints
 
         # checks before anything expensive (rank 0 checks, every rank raises the same error)
         collective_check(check_tensorboard, cfg)
@@ -110,10 +112,10 @@ class Trainer:
         # checked against the shards, recorded in checkpoints (the fingerprint is what must match)
         self.tok_fp, self.tok_sha = summary["tokenizer_fingerprint"], summary["tokenizer_sha256"]
         self.latest = collective_check(ckpt.latest_checkpoint, cfg, self.cdir)
-        self.meta = None  # leviathan.json of the checkpoint resumed from
+        self.record = None  # leviathan.json of the checkpoint resumed from
         if self.latest is not None:
-            self.meta = ckpt.read_meta(self.cdir, self.latest)
-            ckpt.check_compatible(cfg, self.meta, self.tok_fp, self.cdir / self.latest, dims)
+            self.record = CheckpointRecord.read(self.cdir / self.latest)
+            ckpt.check_compatible(cfg, self.record, self.tok_fp, self.cdir / self.latest, dims)
         if dims.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.cdir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +126,7 @@ class Trainer:
                     f"{ckpt.SAVING}, never completed)",
                     flush=True,
                 )
-            (self.out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+            layout.config.write_text(json.dumps(to_dict(cfg), indent=1))
         dist.barrier()
 
         seed_everything(t.seed, self.denv.device)
@@ -142,9 +144,9 @@ class Trainer:
         )
         self.state = TrainState()
         if self.latest is not None:
-            self.state = ckpt.load(self.eng.ds, self.cdir, self.latest, self.meta)
+            self.state = ckpt.load(self.eng.ds, self.cdir, self.latest, self.record)
         self.bad = BadStepCounter(t.max_bad_steps)
-        tb = Path(cfg.logging.tensorboard_dir or self.out_dir / "tensorboard") if cfg.logging.tensorboard else None
+        tb = RunLayout.from_config(cfg).events
         self.metrics = Metrics(self.out_dir, tb, dims.writer, self.state.step, cfg.logging.log_interval, t.steps)
         self.peak, self.peak_source = peak_flops(self.denv.device, cfg.parallel.precision, cfg.logging.peak_flops)
 
@@ -154,14 +156,16 @@ class Trainer:
 
     def save(self) -> None:
         cfg, dims, step = self.cfg, self.dims, self.state.step
-        run_meta = {
-            "config": to_dict(cfg),
-            "tokenizer_sha256": self.tok_sha,
-            "tokenizer_fingerprint": self.tok_fp,
-            "model_layout": LAYOUT_VERSION,
-            "layout": {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "zero_stage": cfg.parallel.zero_stage},
-        }
-        ckpt.save(self.eng.ds, self.cdir, self.state, run_meta, cfg.checkpoint.keep_last)
+        record = CheckpointRecord(
+            config=to_dict(cfg),
+            **self.state.state_dict(),
+            tag=ckpt.tag_for(step),
+            tokenizer_sha256=self.tok_sha,
+            tokenizer_fingerprint=self.tok_fp,
+            model_layout=LAYOUT_VERSION,
+            layout=ParallelLayout(tp=dims.tp, pp=dims.pp, dp=dims.dp, zero_stage=cfg.parallel.zero_stage),
+        )
+        ckpt.save(self.eng.ds, self.cdir, record, cfg.checkpoint.keep_last)
         self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
 
     def validate(self) -> None:

@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 
 from leviathan_pretrain.config import ConfigError
-
-LOG_NAME = "train_log.jsonl"
+from leviathan_pretrain.rundir.train_log import LOG_NAME
 
 
 def rss_gb() -> float:

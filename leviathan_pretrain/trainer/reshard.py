@@ -43,15 +43,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from leviathan_pretrain.trainer.ckpt_record import ParallelLayout
 from leviathan_pretrain.trainer.safe_io import CheckpointError, safe_load
 
 UNIVERSAL = "universal"
 DONE = "CONVERTED"
 
 
-def check_layout(saved: dict, tp: int, pp: int, dp: int, zero_stage: int, reshard: bool, where) -> None:
+def check_layout(saved: ParallelLayout, tp: int, pp: int, dp: int, zero_stage: int, reshard: bool, where) -> None:
     """Raise ``CheckpointError`` unless this run can load a checkpoint written with layout ``saved``."""
-    old = (saved.get("tp"), saved.get("pp"), saved.get("dp"), saved.get("zero_stage"))
+    old = (saved.tp, saved.pp, saved.dp, saved.zero_stage)
     was = f"TP={old[0]} PP={old[1]} DP={old[2]} ZeRO {old[3]}"
     now = f"TP={tp} PP={pp} DP={dp} ZeRO {zero_stage}"
     if (old[0], old[1]) != (tp, pp):
@@ -72,7 +73,7 @@ def check_layout(saved: dict, tp: int, pp: int, dp: int, zero_stage: int, reshar
 
 
 @contextlib.contextmanager
-def _weights_only_torch_load(drop_none_module_entries: bool = False):
+def weights_only_torch_load(drop_none_module_entries: bool = False):
     """Force ``torch.load`` to weights-only loading with our allow-list while DeepSpeed's converter/loader run."""
     real = torch.load
 
@@ -130,7 +131,7 @@ def convert(tag_dir: Path) -> tuple[Path, float]:
     _best_effort_layer_maps()
     t0 = time.perf_counter()
     ds_to_universal.cnt = 0
-    with _weights_only_torch_load(drop_none_module_entries=True), contextlib.redirect_stdout(io.StringIO()):
+    with weights_only_torch_load(drop_none_module_entries=True), contextlib.redirect_stdout(io.StringIO()):
         ds_to_universal.main(args)
     seconds = time.perf_counter() - t0
     (out / DONE).write_text(f"{seconds:.3f}\n")
@@ -185,7 +186,7 @@ def load_universal(ds_engine, ckpt_dir: Path, tag: str, zero_stage: int, log=pri
     undo = _zero3_tp_layout(ds_engine) if zero_stage == 3 and ps.get_tensor_model_parallel_world_size() > 1 else None
     ds_engine._config.load_universal_checkpoint = True
     try:
-        with _weights_only_torch_load():
+        with weights_only_torch_load():
             path, client = ds_engine.load_checkpoint(
                 str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True, load_lr_scheduler_states=False
             )

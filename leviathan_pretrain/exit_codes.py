@@ -1,0 +1,16 @@
+"""The exit codes of every command, in one place (torch-free: the launchers and data_prep read them too).
+
+- ``0``  done
+- ``1``  any other error (the trainer: raised on one rank, it ends every rank at once)
+- ``2``  bad input: a config key, a file, an option (one ``error:`` line naming it)
+- ``3``  the trainer stopped after ``train.max_bad_steps`` consecutive non-finite steps (no new checkpoint)
+- ``75`` the trainer stopped early *with* a checkpoint: SIGTERM/SIGUSR1 (preemption, SLURM's warning before the
+  time limit), ``train.exit_at_step`` or ``train.exit_after_minutes``. Re-run the same command to continue; the
+  SLURM launcher requeues on this code (75 is ``EX_TEMPFAIL``).
+"""
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_REQUEUE = 75
