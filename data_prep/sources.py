@@ -1,4 +1,6 @@
-"""Input readers: jsonl / jsonl.zst / plain text (optionally .zst), Pile set filters, skip accounting.
+"""Input readers: jsonl / jsonl.zst / plain text (optionally .zst) as batches of documents, skip accounting.
+(Input globs and formats: data_prep/input_files.py; set filters: data_prep/pile_sets.py; bounded lines and
+paragraphs: data_prep/bounded_lines.py; their public names are importable from here too.)
 
 What counts as bad input, and what happens (the policy the README documents):
 
@@ -18,51 +20,35 @@ What counts as bad input, and what happens (the policy the README documents):
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
 import zstandard
 
+from data_prep.bounded_lines import MAX_RECORD_BYTES, TOO_LONG, split_lines, split_paragraphs
 from data_prep.cli import UserError, log
+from data_prep.input_files import expand_inputs, input_format
+from data_prep.pile_sets import NO_SET, PILE_SET_NAMES, PRESETS, SetFilter, make_set_filter
 
-# The 22 ``meta.pile_set_name`` values of The Pile (exact spellings, as in the released jsonl).
-PILE_SET_NAMES = (
-    "Pile-CC",
-    "PubMed Central",
-    "Books3",
-    "OpenWebText2",
-    "ArXiv",
-    "Github",
-    "FreeLaw",
-    "StackExchange",
-    "USPTO Backgrounds",
-    "PubMed Abstracts",
-    "Gutenberg (PG-19)",
-    "OpenSubtitles",
-    "Wikipedia (en)",
-    "DM Mathematics",
-    "Ubuntu IRC",
-    "BookCorpus2",
-    "EuroParl",
-    "HackerNews",
-    "YoutubeSubtitles",
-    "PhilPapers",
-    "NIH ExPorter",
-    "Enron Emails",
-)
-
-# --preset NAME: named set filters. pile-uncopyrighted reproduces monology/pile-uncopyrighted, whose
-# card says it removed "Books3, BookCorpus2, OpenSubtitles, YTSubtitles, and OWT2" - i.e. also
-# OpenWebText2, not only the four sets usually quoted.
-PRESETS = {
-    "pile-uncopyrighted": {
-        "exclude_sets": ["Books3", "BookCorpus2", "OpenSubtitles", "YoutubeSubtitles", "OpenWebText2"],
-    },
-}
+__all__ = [  # the readers' public names, wherever they are defined
+    "EXAMPLES_PER_REASON",
+    "MAX_RECORD_BYTES",
+    "NO_SET",
+    "PILE_SET_NAMES",
+    "PRESETS",
+    "SKIP_REASONS",
+    "TOO_LONG",
+    "Batch",
+    "FileReader",
+    "FileStats",
+    "SetFilter",
+    "expand_inputs",
+    "input_format",
+    "make_set_filter",
+    "split_after_newlines",
+]
 
 SKIP_REASONS = (
     "invalid_json",
@@ -76,91 +62,8 @@ SKIP_REASONS = (
     "record_too_long",
     "no_tokens",
 )
-MAX_RECORD_BYTES = 512_000_000  # default bound on one line / record: far above any real document
-
-
-class _TooLong:
-    """Stands in for a line or record longer than ``max_record_bytes`` (its bytes were dropped)."""
-
-    def __repr__(self) -> str:
-        return "TOO_LONG"
-
-
-TOO_LONG = _TooLong()
 EXAMPLES_PER_REASON = 5
-NO_SET = "(none)"  # set name reported for records without meta.pile_set_name
 U2581 = "\u2581".encode()  # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
-
-
-def expand_inputs(patterns: list[str]) -> list[str]:
-    """Expand globs in order (each pattern's matches sorted); a pattern matching nothing is an error."""
-    out, seen = [], set()
-    for pat in patterns:
-        if glob.has_magic(pat):
-            matches = sorted(p for p in glob.glob(pat, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise UserError(f"input pattern matches no file: {pat}")
-        else:
-            if not os.path.exists(pat):
-                raise UserError(f"input file not found: {pat}")
-            if os.path.isdir(pat):
-                raise UserError(f"input is a directory (give files or a glob like {pat}/*.jsonl.zst): {pat}")
-            matches = [pat]
-        for m in matches:
-            key = os.path.realpath(m)
-            if key not in seen:
-                seen.add(key)
-                out.append(m)
-    for p in out:
-        if not os.access(p, os.R_OK):
-            raise UserError(f"input file is not readable: {p}")
-    return out
-
-
-def input_format(path: str, fmt: str = "auto") -> tuple[str, bool]:
-    """(``jsonl`` | ``text``, zstd-compressed?) from ``--format`` or the file name."""
-    compressed = path.endswith(".zst")
-    base = path[:-4] if compressed else path
-    if fmt == "auto":
-        fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
-    if fmt not in ("jsonl", "text"):
-        raise UserError(f"unknown --format {fmt!r}; choose auto, jsonl or text")
-    return fmt, compressed
-
-
-@dataclass
-class SetFilter:
-    include: frozenset | None = None
-    exclude: frozenset = frozenset()
-
-    def keep(self, name: str | None) -> bool:
-        if self.include is not None and (name is None or name not in self.include):
-            return False
-        return name not in self.exclude
-
-    def describe(self) -> dict:
-        return {
-            "include_sets": sorted(self.include) if self.include is not None else None,
-            "exclude_sets": sorted(self.exclude),
-        }
-
-
-def make_set_filter(include=None, exclude=None, preset=None) -> SetFilter:
-    excl = set(exclude or [])
-    if preset:
-        if preset not in PRESETS:
-            raise UserError(f"unknown --preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        excl |= set(PRESETS[preset].get("exclude_sets", []))
-    incl = set(include) if include else None
-    if incl is not None and excl & incl:
-        raise UserError(f"sets both included and excluded: {', '.join(sorted(excl & incl))}")
-    for name in sorted((incl or set()) | excl):
-        if name not in PILE_SET_NAMES:
-            log(
-                f"warning: {name!r} is not one of the Pile's 22 set names "
-                f"(exact spellings: {', '.join(PILE_SET_NAMES)})"
-            )
-    return SetFilter(frozenset(incl) if incl is not None else None, frozenset(excl))
 
 
 @dataclass
@@ -288,44 +191,7 @@ class FileReader:
     def _lines(self):
         """Complete lines (without the trailing newline); the last line may lack one. A line longer
         than ``max_record_bytes`` is yielded as :data:`TOO_LONG`: its bytes are dropped as they come."""
-        limit = self.max_record
-        pending, plen, dropping = [], 0, False  # the start of the current line; skipping one?
-        for data in self._chunks():
-            last = data.rfind(b"\n")
-            if last < 0:
-                if not dropping:
-                    pending.append(data)
-                    plen += len(data)
-                    if plen > limit:
-                        pending, plen, dropping = [], 0, True
-                continue
-            first = data.find(b"\n")
-            if dropping or plen + first > limit:
-                yield TOO_LONG
-            elif pending:
-                pending.append(data[:first])
-                yield b"".join(pending)
-            else:
-                yield data[:first]
-            pending, plen, dropping = [], 0, False
-            if last > first:
-                if last - first <= limit:  # no line in between can be too long
-                    yield from data[first + 1 : last].split(b"\n")
-                else:
-                    for line in data[first + 1 : last].split(b"\n"):
-                        yield line if len(line) <= limit else TOO_LONG
-            if last + 1 < len(data):
-                tail = data[last + 1 :]
-                if len(tail) > limit:
-                    dropping = True
-                else:
-                    pending, plen = [tail], len(tail)
-        if dropping:
-            yield TOO_LONG
-        elif pending:
-            tail = b"".join(pending)
-            if tail:
-                yield tail
+        return split_lines(self._chunks(), self.max_record)
 
     # -- accounting ----------------------------------------------------------------------------
     def _skip(self, reason: str, detail: str = "") -> None:
@@ -451,26 +317,9 @@ class FileReader:
     def _paragraphs(self):
         """Blank-line separated paragraphs; ``self.line`` is the first line of each. A paragraph longer
         than ``max_record_bytes`` is TOO_LONG (its lines are dropped as they come)."""
-        buf, size, start, n = [], -1, 0, 0  # size: bytes joined so far (-1: no paragraph)
-        for line in self._lines():
-            n += 1
-            if line is TOO_LONG or line.strip():
-                if size < 0:
-                    start, size = n, 0
-                else:
-                    size += 1  # the newline joining it to the previous line
-                size += self.max_record + 1 if line is TOO_LONG else len(line)
-                if size <= self.max_record:
-                    buf.append(line)
-                else:
-                    buf = []
-            elif size >= 0:
-                self.line = start
-                yield b"\n".join(buf) if size <= self.max_record else TOO_LONG
-                buf, size = [], -1
-        if size >= 0:
+        for start, paragraph in split_paragraphs(self._lines(), self.max_record):
             self.line = start
-            yield b"\n".join(buf) if size <= self.max_record else TOO_LONG
+            yield paragraph
 
     def batches(self, chunk_bytes: int = 0):
         """Yield batches; with ``chunk_bytes`` > 0, documents longer than twice that are cut into

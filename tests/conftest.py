@@ -146,7 +146,14 @@ def minipile_dir(test_cache) -> Path:
 
 def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int, name: str) -> Path:
     """A BPE tokenizer.model trained on a seeded ``sample_mb`` MB sample of minipile train, cached."""
-    key = code_key("train_tokenizer.py", "sources.py", extra=minipile_dir.name)
+    key = code_key(
+        "train_tokenizer.py",
+        "sources.py",
+        "pile_sets.py",
+        "input_files.py",
+        "bounded_lines.py",
+        extra=minipile_dir.name,
+    )
 
     def build(tmp):
         run_module(

@@ -1,0 +1,45 @@
+"""Which input files a run reads, and how: glob expansion in order (refusing missing, unreadable or directory
+inputs) and the ``jsonl`` / ``text`` format and zstd compression of each file."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from data_prep.cli import UserError
+
+
+def expand_inputs(patterns: list[str]) -> list[str]:
+    """Expand globs in order (each pattern's matches sorted); a pattern matching nothing is an error."""
+    out, seen = [], set()
+    for pat in patterns:
+        if glob.has_magic(pat):
+            matches = sorted(p for p in glob.glob(pat, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise UserError(f"input pattern matches no file: {pat}")
+        else:
+            if not os.path.exists(pat):
+                raise UserError(f"input file not found: {pat}")
+            if os.path.isdir(pat):
+                raise UserError(f"input is a directory (give files or a glob like {pat}/*.jsonl.zst): {pat}")
+            matches = [pat]
+        for m in matches:
+            key = os.path.realpath(m)
+            if key not in seen:
+                seen.add(key)
+                out.append(m)
+    for p in out:
+        if not os.access(p, os.R_OK):
+            raise UserError(f"input file is not readable: {p}")
+    return out
+
+
+def input_format(path: str, fmt: str = "auto") -> tuple[str, bool]:
+    """(``jsonl`` | ``text``, zstd-compressed?) from ``--format`` or the file name."""
+    compressed = path.endswith(".zst")
+    base = path[:-4] if compressed else path
+    if fmt == "auto":
+        fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
+    if fmt not in ("jsonl", "text"):
+        raise UserError(f"unknown --format {fmt!r}; choose auto, jsonl or text")
+    return fmt, compressed
