@@ -1,5 +1,5 @@
 # The two commands a new user runs (see README). Both are idempotent.
-.PHONY: setup demo test lint format clean-demo
+.PHONY: setup demo test test-fast test-integration lint format clean-demo
 
 setup:
 	@bash scripts/setup.sh
@@ -7,8 +7,15 @@ setup:
 demo: setup
 	@bash scripts/demo.sh
 
+# both tiers (tests/tiers.py): the fast in-process unit tests (about a minute), then the integration tests
 test: setup
 	@bash scripts/test.sh $(PYTEST_ARGS)
+
+test-fast: setup
+	@LEVIATHAN_TEST_TIER=fast bash scripts/test.sh $(PYTEST_ARGS)
+
+test-integration: setup
+	@LEVIATHAN_TEST_TIER=integration bash scripts/test.sh $(PYTEST_ARGS)
 
 # ruff (pinned in requirements-test.txt; config in pyproject.toml): lint + formatting check, 120 columns
 lint: setup

@@ -101,7 +101,7 @@ def main() -> int:
         m_cmd += ["--output-prefix", str(work / "mlm"), "--tokenizer-type", "HuggingFaceTokenizer"]
         m_cmd += ["--tokenizer-model", str(tok), "--append-eod", "--workers", str(args.workers)]
         d_cmd = [sys.executable, "-m", "data_prep.tokenize", "--input", str(plain), "--tokenizer", str(tok)]
-        d_cmd += ["--output-prefix", str(work / "ours"), "--workers", str(args.workers), "--overwrite", "--no-progress"]
+        d_cmd += ["--out", str(work / "ours"), "--workers", str(args.workers), "--overwrite", "--quiet"]
         print(f"input {plain} ({plain.stat().st_size / 1e6:.1f} MB), tokenizer {tok}, workers {args.workers}")
         times = {"M": [], "D": []}
         for i in range(args.reps):

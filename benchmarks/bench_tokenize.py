@@ -102,7 +102,9 @@ def ensure_corpus(args) -> str:
         if not os.path.exists(inp):
             print(f"building the corpus in {corpus} ...", flush=True)
             subprocess.run(
-                [sys.executable, "-m", "data_prep.make_corpus", str(corpus), "--force"], cwd=REPO, check=True
+                [sys.executable, "-m", "data_prep.make_corpus", "--out", str(corpus), "--overwrite"],
+                cwd=REPO,
+                check=True,
             )
     return inp
 
@@ -139,7 +141,7 @@ def ensure_tokenizer(args, kind: str, inp: str) -> str:
                 "32000",
                 "--sample-bytes",
                 "20",
-                "--output",
+                "--out",
                 str(d),
                 "--overwrite",
             ],
@@ -174,8 +176,8 @@ def bench(args, kind: str, inp: str, work: Path) -> float:
     a_cmd = [sys.executable, str(script), kind, tok, str(args.workers), inp]
     extra = ["--tiktoken-pattern", "r50k"] if kind == "tiktoken" and args.tokenizer else []
     b_cmd = [sys.executable, "-m", "data_prep.tokenize", "--input", inp, "--tokenizer", tok, *extra]
-    b_cmd += ["--output-prefix", str(work / kind / "train"), "--workers", str(args.workers), "--overwrite"]
-    b_cmd += ["--no-progress", *args.extra.split()]
+    b_cmd += ["--out", str(work / kind / "train"), "--workers", str(args.workers), "--overwrite"]
+    b_cmd += ["--quiet", *args.extra.split()]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     print(f"[{kind}] input {inp} ({os.path.getsize(inp) / 1e6:.1f} MB), tokenizer {tok}, workers {args.workers}")
     print("warm-up ...", flush=True)

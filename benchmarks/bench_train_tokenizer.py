@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def once(kind: str, args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "data_prep.train_tokenizer", "--kind", kind, "--input", args.input]
-    cmd += ["--vocab-size", str(args.vocab_size), "--sample-bytes", str(args.sample_bytes), "--output", str(out)]
+    cmd += ["--vocab-size", str(args.vocab_size), "--sample-bytes", str(args.sample_bytes), "--out", str(out)]
     cmd += ["--overwrite", "--threads", str(args.threads)]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True, capture_output=True)
@@ -48,7 +48,9 @@ def main() -> int:
     if not os.path.exists(args.input):
         corpus = Path(args.input).parents[1]
         print(f"building the corpus in {corpus} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "data_prep.make_corpus", str(corpus), "--force"], cwd=REPO, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "data_prep.make_corpus", "--out", str(corpus), "--overwrite"], cwd=REPO, check=True
+        )
     work = Path(tempfile.mkdtemp(prefix="bench_train_tokenizer_"))
     kinds = (("S", "sentencepiece"), ("B", "bpe"))
     print(f"input {args.input}, vocab {args.vocab_size:,}, sample {args.sample_bytes} MB, threads {args.threads}")

@@ -87,7 +87,7 @@ if [ -z "$CORPUS" ]; then
   CORPUS="$DATA/corpus"
   if [ ! -f "$CORPUS/.data_prep-corpus.json" ]; then
     say "corpus -> $CORPUS"; t=$SECONDS
-    python -m data_prep.make_corpus "$CORPUS"
+    python -m data_prep.make_corpus --out "$CORPUS"
     timing data corpus $((SECONDS - t))
   fi
 fi
@@ -95,17 +95,17 @@ TOK="$DATA/tokenizer/tokenizer.model"
 if [ ! -f "$TOK" ]; then
   say "tokenizer (BPE $VOCAB) -> $TOK"; t=$SECONDS
   python -m data_prep.train_tokenizer --input "$CORPUS/train/*.jsonl.zst" --vocab-size $VOCAB \
-      --sample-bytes $([ "$DRY" = 1 ] && echo 2 || echo 24) --output "$DATA/tokenizer"
+      --sample-bytes $([ "$DRY" = 1 ] && echo 2 || echo 24) --out "$DATA/tokenizer"
   timing data tokenizer $((SECONDS - t))
 fi
 if [ ! -f "$DATA/shards/train.manifest.json" ]; then
   say "shards per source -> $DATA/shards/train.<set>"; t=$SECONDS
   python -m data_prep.tokenize --input "$CORPUS/train/*.jsonl.zst" --tokenizer "$TOK" \
-      --output-prefix "$DATA/shards/train" --split-by-set --workers 2
+      --out "$DATA/shards/train" --split-by-set --workers 2
   timing data shards $((SECONDS - t))
 fi
 if [ ! -f "$DATA/shards/val.manifest.json" ]; then
-  python -m data_prep.tokenize --input "$CORPUS/val.jsonl.zst" --tokenizer "$TOK" --output-prefix "$DATA/shards/val" \
+  python -m data_prep.tokenize --input "$CORPUS/val.jsonl.zst" --tokenizer "$TOK" --out "$DATA/shards/val" \
       --workers 2
 fi
 SETS=$(ls "$DATA"/shards/train.*.idx 2>/dev/null | sed 's/\.idx$//' | paste -sd, -)
@@ -162,13 +162,13 @@ if [ ${#pending[@]} -gt 0 ]; then
       # shellcheck disable=SC2086  # extra: space-separated overrides
       if [[ $name == sweep/* ]]; then sweep+=("configs/tiny-cpu-$variant.yaml"); else
         say "$name: submitting"
-        submit submit --config "configs/tiny-cpu-$variant.yaml" "${CPU[@]}" --run-dir "$OUT/runs/$name" \
+        submit submit --config "configs/tiny-cpu-$variant.yaml" "${CPU[@]}" --run "$OUT/runs/$name" \
             --job-name "repro-$name" "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$steps" $extra
       fi
     done
     if [ ${#sweep[@]} -gt 0 ]; then
       say "the variants' sweep: ${sweep[*]}"
-      submit sweep --configs "${sweep[@]}" "${CPU[@]}" --run-dir "$OUT/runs/sweep" --job-name repro-sweep \
+      submit sweep --configs "${sweep[@]}" "${CPU[@]}" --run "$OUT/runs/sweep" --job-name repro-sweep \
           "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$STEPS"
     fi
     say "waiting for SLURM jobs ${JOBS[*]} (python -m launchers.slurm status $OUT/runs/sweep)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from leviathan_pretrain import cli
 
 
 class UserError(Exception):
@@ -40,16 +40,9 @@ def log(msg: str) -> None:
 
 
 def run_main(main, argv=None) -> int:
-    """Run ``main(argv)``; turn :class:`UserError` and Ctrl-C into a one-line message and exit code."""
-    try:
-        rc = main(argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
-        return 130
-    return int(rc or 0)
+    """Run ``main(argv)``; :class:`UserError` and Ctrl-C become a one-line message and exit code
+    (:func:`leviathan_pretrain.cli.run_main`)."""
+    return cli.run_main(main, argv, errors=(UserError,))
 
 
 def human_bytes(n: float) -> str:

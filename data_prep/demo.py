@@ -4,11 +4,11 @@
 
 The corpus is the Python standard library's own .py sources as the Pile's "Github" set, written in
 the Pile's jsonl.zst format, so it exists on any machine with Python (no extra packages). Steps whose
-outputs already exist are reused (``--force`` redoes them). Each step prints its paths, documents,
+outputs already exist are reused (``--overwrite`` redoes them). Each step prints its paths, documents,
 tokens and time. ``run_demo()`` returns the paths, so a later stage (training) appends steps to it.
 
 Writes OUT/corpus/ (make_corpus's, marked), OUT/tokenizer/tokenizer.{model,vocab,_meta.json} and
-OUT/data/{train,val}.{bin,idx,counts.npy,manifest.json}. Nothing else in OUT is touched, ``--force``
+OUT/data/{train,val}.{bin,idx,counts.npy,manifest.json}. Nothing else in OUT is touched, ``--overwrite``
 included: it replaces these files, and deletes a corpus directory only if make_corpus marked it.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from data_prep import make_corpus, tokenize_cli, train_tokenizer
 from data_prep.cli import UserError, human_bytes, run_main
 from data_prep.manifest import Manifest
+from leviathan_pretrain import cli
 
 
 def _say(msg: str) -> None:
@@ -80,7 +81,7 @@ def step_tokenizer(out: Path, corpus: dict, vocab_size: int, sample_mb: float, f
             str(vocab_size),
             "--sample-bytes",
             str(sample_mb),
-            "--output",
+            "--out",
             str(model.parent),
             "--overwrite",
         ]
@@ -102,7 +103,7 @@ def step_shards(out: Path, corpus: dict, model: str, workers: int | None, force:
             _say(f"3/3 shards: reusing {prefix}.bin/.idx")
             continue
         t = time.monotonic()
-        args = ["--input", *inputs, "--tokenizer", model, "--output-prefix", prefix, "--overwrite"]
+        args = ["--input", *inputs, "--tokenizer", model, "--out", prefix, "--overwrite"]
         if workers:
             args += ["--workers", str(workers)]
         if tokenize_cli.main(args) != 0:
@@ -143,28 +144,30 @@ def run_demo(
     return result
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    cli.add_out(ap, "output directory (default runs/demo)", metavar="DIR", default="runs/demo")
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--sample-mb", type=float, default=8.0, help="tokenizer training sample (MB)")
     ap.add_argument("--max-mb", type=float, help="cap the corpus at about this much text")
     ap.add_argument("--workers", type=int, help="tokenizer threads (default: usable cores)")
-    ap.add_argument(
-        "--force",
-        action="store_true",
-        help="redo every step, replacing the demo's own files (nothing else in OUT is deleted)",
+    cli.add_overwrite(
+        ap, "redo every step, replacing the demo's own files (nothing else in OUT is deleted)", old=("--force",)
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     run_demo(
         args.out,
         vocab_size=args.vocab_size,
         sample_mb=args.sample_mb,
         max_mb=args.max_mb,
         workers=args.workers,
-        force=args.force,
+        force=args.overwrite,
     )
     return 0
 

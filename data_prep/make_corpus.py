@@ -9,13 +9,13 @@ Debian packages:
   Dictionary  GCIDE, the 1913 Webster's based dictionary (Debian package dict-gcide), grouped into
               documents of ~40 entries
 
-  python -m data_prep.make_corpus OUT_DIR [--sources github,pythondocs,dictionary] [--train-shards 1]
+  python -m data_prep.make_corpus --out OUT_DIR [--sources github,pythondocs,dictionary] [--train-shards 1]
 
 Writes OUT_DIR/train/00.jsonl.zst (.. NN with --train-shards), OUT_DIR/val.jsonl.zst and
 OUT_DIR/test.jsonl.zst and prints a summary; OUT_DIR is marked with .data_prep-corpus.json. Deterministic
 for a given seed and machine. With the defaults the output is byte-identical to the shared make-minipile
-tool's (~80 MB train split). --force replaces a corpus make_corpus wrote (only its own files: other
-files in OUT_DIR stay); a non-empty OUT_DIR without the marker is refused even with --force.
+tool's (~80 MB train split). --overwrite replaces a corpus make_corpus wrote (only its own files: other
+files in OUT_DIR stay); a non-empty OUT_DIR without the marker is refused even with --overwrite.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import zstandard
 
 from data_prep.cli import UserError, run_main
 from data_prep.fileio import write_json_atomic
+from leviathan_pretrain import cli
 
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
@@ -178,7 +179,7 @@ def build(
         {
             "format": "leviathan-data-prep-corpus/1",
             "note": (  # before any data
-                "written by python -m data_prep.make_corpus; --force deletes only train/NN.jsonl.zst, "
+                "written by python -m data_prep.make_corpus; --overwrite deletes only train/NN.jsonl.zst, "
                 "val.jsonl.zst, test.jsonl.zst and this file"
             ),
         },
@@ -197,13 +198,13 @@ def build(
     return result
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m data_prep.make_corpus",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("out_dir")
+    cli.add_out(ap, "the corpus directory", metavar="OUT_DIR", required=True, positional="OUT_DIR")
     ap.add_argument(
         "--sources",
         default=",".join(SOURCES),
@@ -214,20 +215,24 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--train-shards", type=int, default=1, help="split train into this many files")
     ap.add_argument("--max-mb", type=float, help="stop after about this much text (after shuffling)")
-    ap.add_argument(
-        "--force",
-        action="store_true",
-        help="replace a corpus make_corpus wrote in OUT_DIR (deletes only its own files; an "
-        "unmarked non-empty OUT_DIR is refused)",
+    cli.add_overwrite(
+        ap,
+        "replace a corpus make_corpus wrote in OUT_DIR (deletes only its own files; an unmarked non-empty OUT_DIR "
+        "is refused)",
+        old=("--force",),
     )
-    args = ap.parse_args(argv)
-    out = Path(args.out_dir)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"output is not a directory: {out}")
     if out.exists() and any(out.iterdir()):
-        if not args.force:
+        if not args.overwrite:
             raise UserError(
-                f"output directory is not empty: {out} (pass --force to replace the corpus make_corpus wrote there)"
+                f"output directory is not empty: {out} (pass --overwrite to replace the corpus make_corpus wrote there)"
             )
         clear_corpus(out)
     build(

@@ -1,7 +1,7 @@
 """Tokenize jsonl / jsonl.zst / plain-text files into megatron-core ``MMIDIDX`` shards.
 
   python -m data_prep.tokenize --input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
-      --output-prefix data/pile_train --workers 16
+      --out data/pile_train --workers 16
   python -m data_prep.tokenize ... --tokenizer o200k_base.tiktoken         (tiktoken's file, int32 shards)
   python -m data_prep.tokenize ... --tokenizer gpt-neox-20b/tokenizer.json (Hugging Face)
 
@@ -31,6 +31,7 @@ from data_prep.shards import choose_dtype
 from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
 from data_prep.tokenizer import open_tokenizer
 from data_prep.workdir import work_dir_for
+from leviathan_pretrain import cli
 from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 
@@ -64,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the end-of-document token appended to every document (default: the tokenizer's own: <|endoftext|> "
         "for tiktoken and GPT-NeoX, tokenizer_config.json's eos_token, SentencePiece's eos piece)",
     )
-    ap.add_argument("--output-prefix", required=True, help="writes PREFIX.bin/.idx/.counts.npy/.manifest.json")
+    cli.add_out(
+        ap,
+        "writes PREFIX.bin/.idx/.counts.npy/.manifest.json",
+        old=("--output-prefix",),
+        metavar="PREFIX",
+        required=True,
+    )
     ap.add_argument(
         "--workers",
         type=int,
@@ -108,10 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("skip", "error"),
         help="skip (and count) unusable records, or stop at the first one naming FILE:LINE",
     )
-    ap.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace existing outputs: PREFIX.bin/.idx/.counts.npy/.manifest.json, and delete "
+    cli.add_overwrite(
+        ap,
+        "replace existing outputs: PREFIX.bin/.idx/.counts.npy/.manifest.json, and delete "
         "PREFIX.<set>.* shards of the previous run (only PREFIX's own files, in its directory)",
     )
     ap.add_argument(
@@ -154,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--log-interval", type=float, default=30.0, help="seconds between progress lines when stderr is not a terminal"
     )
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    cli.add_quiet(ap, "no progress bar or progress lines", old=("--no-progress",))
     return ap
 
 
@@ -180,7 +186,7 @@ def make_job(args: argparse.Namespace, argv) -> Job:
             "documents (no --chunk-bytes speed-up)"
         )
         chunk = 0
-    prefix = args.output_prefix
+    prefix = args.out
     _check_output_prefix(prefix, args.overwrite)
     reader_kwargs = {
         "fmt": args.format,
@@ -214,7 +220,7 @@ def make_job(args: argparse.Namespace, argv) -> Job:
         keep_work=args.keep_work,
         command=["python", "-m", "data_prep.tokenize", *(argv or sys.argv[1:])],
         progress_interval=args.log_interval,
-        show_progress=not args.no_progress,
+        show_progress=not args.quiet,
         chunk_bytes=chunk,
     )
 
@@ -222,7 +228,7 @@ def make_job(args: argparse.Namespace, argv) -> Job:
 def _check_output_prefix(prefix: str, overwrite: bool) -> None:
     """PREFIX names files in a writable directory (created if missing) and, without --overwrite, none exist."""
     if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
-        raise UserError(f"--output-prefix must name files, not a directory: {prefix} (e.g. {prefix.rstrip('/')}/train)")
+        raise UserError(f"--out must name files, not a directory: {prefix} (e.g. {prefix.rstrip('/')}/train)")
     if not overwrite:
         found = existing_outputs(prefix)
         if found:

@@ -1,8 +1,8 @@
 """Train a tokenizer on a bounded, seeded random sample of documents: SentencePiece (default) or, with --kind bpe,
 a byte-level BPE tokenizer.json with the Hugging Face tokenizers library (GPT-2 / GPT-NeoX / Llama 3 style).
 
-  python -m data_prep.train_tokenizer --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --output tok/
-  python -m data_prep.train_tokenizer --kind bpe --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --output bpe/
+  python -m data_prep.train_tokenizer --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --out tok/
+  python -m data_prep.train_tokenizer --kind bpe --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --out bpe/
 
 One pass over the inputs keeps a uniform random sample of documents within --sample-bytes (bottom-k
 reservoir over seeded random keys: memory stays at the budget, the sample depends only on the seed
@@ -47,6 +47,7 @@ import sentencepiece as spm
 from data_prep.cli import UserError, human_bytes, log, run_main, set_log_prefix
 from data_prep.fileio import write_bytes_atomic, write_json_atomic
 from data_prep.sources import NO_SET, PRESETS, FileReader, SetFilter, expand_inputs, make_set_filter
+from leviathan_pretrain import cli
 
 FILES = ("tokenizer.model", "tokenizer.vocab", "tokenizer_meta.json")
 
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="input files or globs")
     ap.add_argument("--vocab-size", type=int, required=True, help="exact vocabulary size, e.g. 50000")
-    ap.add_argument("--output", required=True, metavar="DIR", help="output directory")
+    cli.add_out(ap, "output directory", old=("--output",), dest="output", metavar="DIR", required=True)
     ap.add_argument(
         "--kind",
         default="sentencepiece",
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--include-sets", nargs="+", metavar="SET")
     ap.add_argument("--exclude-sets", nargs="+", metavar="SET")
     ap.add_argument("--preset", choices=sorted(PRESETS))
-    ap.add_argument("--overwrite", action="store_true", help="replace an existing DIR/tokenizer.model")
+    cli.add_overwrite(ap, "replace an existing DIR/tokenizer.model (DIR/tokenizer.json with --kind bpe)")
     ap.add_argument("--verbose", action="store_true", help="show SentencePiece's own training log")
     return ap
 

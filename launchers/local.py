@@ -20,10 +20,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root, for the import below
-from leviathan_pretrain.ports import free_port  # noqa: E402 (torch-free: the launcher starts in milliseconds)
+from leviathan_pretrain.ports import free_port  # torch-free: the launcher starts in milliseconds
 
 
 def exit_code(rc: int) -> int:
@@ -112,7 +110,7 @@ class Launcher:
         return next((c for c in codes if c != 0), 0)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python launchers/local.py",
         description=__doc__.split("\n")[0],
@@ -134,6 +132,11 @@ def main(argv=None) -> int:
         help="OMP_NUM_THREADS per rank when not set in the environment (default: cores / n)",
     )
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the arguments to python, e.g. -m module ...")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     ns = ap.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     if not args:

@@ -34,11 +34,16 @@ def _resources(req: Request, kind: str, **given) -> Resources:
     return Resources(account=req.account, qos=req.qos, job_name=job_name, sbatch_args=list(req.sbatch_arg), **given)
 
 
+def _has_option(args: list[str], *names: str) -> bool:
+    """Whether ``args`` give one of the options ``names`` (``--name VALUE`` or ``--name=VALUE``)."""
+    return any(a.split("=", 1)[0] in names for a in args if a.startswith("--"))
+
+
 def prep_stage(req: Request, run_dir: Path, launch: Launch) -> Stage:
     """The preprocessing job: ``data_prep.tokenize --mpi`` with the ``--prep`` arguments."""
     args = _split("--prep", req.prep)
-    if "--output-prefix" not in args:
-        raise Refused("--prep: give data_prep.tokenize's arguments, including --output-prefix")
+    if not _has_option(args, "--out", "--output-prefix"):
+        raise Refused("--prep: give data_prep.tokenize's arguments, including --out")
     res = _resources(
         req,
         "prep",
@@ -56,7 +61,7 @@ def prep_stage(req: Request, run_dir: Path, launch: Launch) -> Stage:
 def eval_stage(req: Request, run_dir: Path, launch: Launch) -> Stage:
     """The evaluation job: ``leviathan_pretrain.evaluate`` of the run with the ``--eval`` arguments."""
     args = _split("--eval", req.eval)
-    if any(a == "--run" or a.startswith("--run=") for a in args):
+    if _has_option(args, "--run", "--run-dir"):
         raise Refused("--eval: the run directory is the pipeline's own; leave out --run")
     gpus = 1 if req.gpus_per_node else 0
     res = _resources(

@@ -20,15 +20,15 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python launchers/slurm.py` works too
-from launchers import records, sbatch  # noqa: E402
-from launchers.job_files import SbatchFailed, job_dir, record, run_sbatch, write_script  # noqa: E402
-from launchers.job_spec import Job, Refused, Request, job_of, launch_of  # noqa: E402
-from launchers.pipeline_stages import eval_stage, prep_stage  # noqa: E402
-from launchers.sbatch import Launch, ScriptError  # noqa: E402
-from launchers.slurm_args import parse  # noqa: E402
-from launchers.submit_checks import active_jobs, need_sbatch, prepared  # noqa: E402
-from leviathan_pretrain.config import ConfigError, load_config  # noqa: E402
+from launchers import records, sbatch
+from launchers.job_files import SbatchFailed, job_dir, record, run_sbatch, write_script
+from launchers.job_spec import Job, Refused, Request, job_of, launch_of
+from launchers.pipeline_stages import eval_stage, prep_stage
+from launchers.sbatch import Launch, ScriptError
+from launchers.slurm_args import parse
+from launchers.submit_checks import active_jobs, need_sbatch, prepared
+from leviathan_pretrain.cli import run_main
+from leviathan_pretrain.config import ConfigError, load_config
 
 
 def submit_train(
@@ -66,7 +66,7 @@ def submit_train(
 
 
 def run_dir_of(req: Request) -> Path:
-    """``--run-dir``, else the config's ``train.out_dir`` (where the trainer would write without the launcher)."""
+    """``--run``, else the config's ``train.out_dir`` (where the trainer would write without the launcher)."""
     if req.run_dir:
         return Path(req.run_dir).absolute()
     try:
@@ -177,18 +177,16 @@ def cmd_status(run_dir: str, lines: int, json: bool) -> int:
 
 
 def main(argv=None) -> int:
-    ns = parse(argv, __doc__)
+    # ScriptError: a path an sbatch script cannot carry
+    return run_main(_command, parse(argv, __doc__), errors=(Refused, ConfigError, ScriptError))
+
+
+def _command(ns) -> int:
     handler = {"submit": cmd_submit, "sweep": cmd_sweep, "pipeline": cmd_pipeline}
     try:
         if ns.command == "status":
             return cmd_status(ns.run_dir, ns.lines, ns.json)
         return handler[ns.command](Request.of(ns))
-    except (Refused, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ScriptError as e:  # a path an sbatch script cannot carry
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except SbatchFailed as e:
         print(f"error: sbatch refused the job: {e}", file=sys.stderr)
         return 1

@@ -8,13 +8,14 @@ import os
 import sys
 
 from launchers.sbatch import LAUNCHES
+from leviathan_pretrain import cli
 
 EXAMPLES = """examples:
   python -m launchers.slurm submit --config configs/1.2b-lev.yaml --nodes 16 --gpus-per-node 8 \\
       --partition gpu --time 24:00:00 parallel.tensor_parallel=2 'data.prefixes=[/data/pile_train]' --dry-run
   python -m launchers.slurm sweep --configs configs/200m-{tied,untied,albert,lev}.yaml --nodes 2 --time 12:00:00
   python -m launchers.slurm pipeline --prep "--input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
-      --output-prefix data/pile_train" --config configs/400m-lev.yaml --nodes 4 'data.prefixes=[data/pile_train]'
+      --out data/pile_train" --config configs/400m-lev.yaml --nodes 4 'data.prefixes=[data/pile_train]'
   python -m launchers.slurm status runs/1.2b-lev"""
 
 
@@ -56,14 +57,15 @@ def add_config(ap: argparse.ArgumentParser, many: bool = False) -> None:
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, for every job")
 
 
-def add_run(ap: argparse.ArgumentParser, run_dir_help: str, many: bool = False) -> None:
-    """What a training command takes: the config(s) and overrides, ``--run-dir``, the job options."""
+def add_training(ap: argparse.ArgumentParser, run_dir_help: str, many: bool = False) -> None:
+    """What a training command takes: the config(s) and overrides, ``--run`` (hidden ``--run-dir``), the job
+    options."""
     add_config(ap, many)
-    ap.add_argument("--run-dir", help=run_dir_help)
+    cli.add_run(ap, run_dir_help, dest="run_dir")
     add_job_options(ap)
 
 
-def parser(description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The parser of ``python -m launchers.slurm``; ``description`` heads its ``--help``."""
     fmt = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
@@ -73,14 +75,14 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "submit", help="one training job", description="Submit one training job.", epilog=EXAMPLES, formatter_class=fmt
     )
-    add_run(p, "run directory (default: the config's train.out_dir)")
+    add_training(p, "run directory (default: the config's train.out_dir)")
     p = sub.add_parser(
         "sweep",
         help="one job array, one config per element",
         formatter_class=fmt,
         description="Submit a job array: element i trains --configs[i] in RUN_DIR/<config name>.",
     )
-    add_run(p, "sweep directory (default: runs/<common config name prefix>-sweep)", many=True)
+    add_training(p, "sweep directory (default: runs/<common config name prefix>-sweep)", many=True)
     p = sub.add_parser(
         "pipeline",
         help="preprocessing then training (afterok)",
@@ -101,9 +103,15 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-time", help="time limit of the evaluation job")
     p.add_argument("--eval-cpus", type=int, help="CPU cores of the evaluation job (8 with a GPU, else 2)")
-    add_run(p, "run directory (default: the config's train.out_dir)")
+    add_training(p, "run directory (default: the config's train.out_dir)")
     p = sub.add_parser("status", help="state of a run (or a sweep) directory")
-    p.add_argument("run_dir", help="a run directory (or a sweep directory)")
+    cli.add_run(
+        p,
+        "the same as RUN_DIR",
+        dest="run_dir",
+        required=True,
+        positional_help="a run directory (or a sweep directory)",
+    )
     p.add_argument("--lines", type=int, default=20, help="log lines to show (20)")
     p.add_argument("--json", action="store_true", help="one JSON object")
     return ap
@@ -112,7 +120,7 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
 def parse(argv=None, description: str | None = None) -> argparse.Namespace:
     """Parse the command line; ``key=value`` overrides may stand anywhere among the options (as with torchrun's
     script arguments), not only after the last option, which plain ``parse_args`` would require."""
-    ap = parser(description)
+    ap = build_parser(description)
     ns, extra = ap.parse_known_args(argv)
     stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(ns, "overrides")]
     if stray:

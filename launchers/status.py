@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from launchers.records import JOBS, SLURM_DIR, jobs_file, read_records
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from leviathan_pretrain import cli
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.trainer.ckpt_names import CheckpointError, read_latest, step_of
@@ -288,19 +288,24 @@ def build_parser(prog: str = "python -m launchers.slurm status") -> argparse.Arg
         "directory (runs in its subdirectories): one line per run.",
         epilog=f"example: {prog} runs/gpt-125m --lines 50",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory (train.out_dir), or a sweep directory")
+    cli.add_run(
+        p,
+        "the same as RUN_DIR",
+        dest="run_dir",
+        required=True,
+        positional_help="the run's directory (train.out_dir), or a sweep directory",
+    )
     p.add_argument("--lines", type=int, default=20, metavar="N", help="log lines to show (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        info = collect_any(args.run_dir, max(0, args.lines))
-    except StatusError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return cli.run_main(_status, build_parser().parse_args(argv), errors=(StatusError,))
+
+
+def _status(args) -> int:
+    info = collect_any(args.run_dir, max(0, args.lines))
     if args.json:
         print(json.dumps(info, indent=1))
     else:

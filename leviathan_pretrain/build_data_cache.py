@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from leviathan_pretrain.cli import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
 from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.trainer import data_cache as C  # light: no torch
@@ -44,8 +46,7 @@ EPILOG = """examples:
 exit codes: 0 cache complete; 2 bad config or data (the message names the key or shard)"""
 
 
-def parse_args(argv=None):
-
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.build_data_cache",
         description=__doc__.split("\n")[0],
@@ -59,7 +60,7 @@ def parse_args(argv=None):
     )
     ap.add_argument("--report", metavar="FILE", help="also write what was done (steps, files, peak RSS) as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every index file")
-    return ap.parse_args(argv)
+    return ap
 
 
 def _proc_status(key: str) -> float | None:
@@ -237,8 +238,7 @@ def print_report(rep: dict, log=print, verbose: bool = False) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-
+    args = build_parser().parse_args(argv)
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
         return EXIT_BAD_INPUT
@@ -247,13 +247,13 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     from leviathan_pretrain.trainer.data import ShardError
 
+    return run_main(functools.partial(_build, cfg), args, errors=(ConfigError, ShardError))
+
+
+def _build(cfg, args) -> int:
     t0 = time.perf_counter()
     print(f"[build_data_cache] config {args.config} {' '.join(args.overrides)}".rstrip(), flush=True)
-    try:
-        rep = build_cache(cfg, f"{args.config} {' '.join(args.overrides)}".strip(), log=lambda m: print(m, flush=True))
-    except (ConfigError, ShardError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    rep = build_cache(cfg, f"{args.config} {' '.join(args.overrides)}".strip(), log=lambda m: print(m, flush=True))
     rep["wall_s"] = time.perf_counter() - t0
     print_report(rep, verbose=args.verbose)
     print(

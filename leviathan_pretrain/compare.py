@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_prep.fileio import write_bytes_atomic
+from leviathan_pretrain import cli
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.rundir.train_log import LOG_NAME, TrainLogError, read_log_values
@@ -380,7 +380,7 @@ def unique_names(runs: list) -> None:
         seen.add(r.name)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.compare",
         description=__doc__.split("\n\n")[0],
@@ -389,19 +389,24 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run directory (train.out_dir) or evaluation report file")
     ap.add_argument("--baseline", metavar="RUN", help="the run the others are compared with (path or name); "
                     "default: the first run whose variant is tied, else the first run")  # fmt: skip
-    ap.add_argument("--out", metavar="DIR", help="output directory (default: compare-<timestamp>/ here)")
-    args = ap.parse_args(argv)
-    try:
-        runs = [load_run(a) for a in args.runs]
-        base_i, why = pick_baseline(runs, args.baseline)
-        unique_names(runs)
-        out = Path(args.out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
-        if out.exists() and not out.is_dir():
-            raise CompareError(f"{out}: exists and is not a directory")
-        text, written = compare(runs, base_i, why, out)
-    except (CompareError, OSError) as e:  # OSError: the outputs cannot be written (it names the path)
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    cli.add_out(ap, "output directory (default: compare-<timestamp>/ here)", metavar="DIR")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    # OSError: the outputs cannot be written (it names the path)
+    return cli.run_main(_compare, args, errors=(CompareError, OSError))
+
+
+def _compare(args) -> int:
+    runs = [load_run(a) for a in args.runs]
+    base_i, why = pick_baseline(runs, args.baseline)
+    unique_names(runs)
+    out = Path(args.out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"{out}: exists and is not a directory")
+    text, written = compare(runs, base_i, why, out)
     print(text)
     for p in written:
         print(f"wrote {p}")

@@ -10,7 +10,7 @@
    file) and exports it as a Hugging Face Llama model (``python -m leviathan_pretrain.export_hf``).
 4. Prints where the checkpoints, TensorBoard logs, evaluation report and export are.
 
-Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--fresh``
+Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--overwrite``
 starts the training over. Exit code: the trainer's (0 done; 75 stopped early with a checkpoint: re-run).
 """
 
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from data_prep.demo import run_demo
+from leviathan_pretrain import cli
 from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout
@@ -30,17 +31,17 @@ from leviathan_pretrain.tokenizer import open_cached
 
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"  # where this project's machines keep it
-DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --fresh deletes)
+DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --overwrite deletes)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.demo",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="extra key=value overrides go to the trainer, e.g. train.steps=60",
     )
-    ap.add_argument("--out", default="runs/demo", help="demo directory (default runs/demo)")
+    cli.add_out(ap, "demo directory (default runs/demo)", metavar="DIR", default="runs/demo")
     ap.add_argument("--config", default=str(REPO / "configs/tiny-cpu-lev.yaml"), help="training config")
     ap.add_argument("--nprocs", type=int, default=2, help="local ranks (default 2, all tensor-parallel)")
     ap.add_argument("--steps", type=int, default=120, help="training steps (default 120: a few minutes on 2 cores)")
@@ -52,10 +53,8 @@ def main(argv=None) -> int:
         help="the tokenizer --data-prefix was written with, any kind (tokenizer.model, tokenizer.json or its "
         "directory, a .tiktoken file with data.tiktoken_pattern=..., tiktoken:NAME); the vocabulary is its",
     )
-    ap.add_argument(
-        "--fresh",
-        action="store_true",
-        help="delete the previous demo training run first (only a directory the demo created)",
+    cli.add_overwrite(
+        ap, "delete the previous demo training run first (only a directory the demo created)", old=("--fresh",)
     )
     ap.add_argument(
         "--wikitext",
@@ -65,7 +64,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-eval", action="store_true", help="stop after training (no evaluation, no export)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     out = Path(args.out)
     run_dir = out / "train"
 
@@ -92,10 +95,10 @@ def main(argv=None) -> int:
         flush=True,
     )
 
-    if args.fresh and run_dir.exists():
+    if args.overwrite and run_dir.exists():
         if not (run_dir / DEMO_MARK).is_file():  # never delete a directory the demo did not create
             print(
-                f"error: --fresh: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
+                f"error: --overwrite: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
                 "or use another --out",
                 file=sys.stderr,
             )
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
         (run_dir / DEMO_MARK).write_text(
-            "created by python -m leviathan_pretrain.demo; --fresh deletes this directory\n"
+            "created by python -m leviathan_pretrain.demo; --overwrite deletes this directory\n"
         )
     overrides = [
         f"data.prefixes=[{prefix}]",
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
             )
     ck = layout.checkpoints
     if (ck / "latest").is_file():
-        note = "training complete; --fresh trains again" if rc == 0 else "re-run to continue from it"
+        note = "training complete; --overwrite trains again" if rc == 0 else "re-run to continue from it"
         print(f"[demo] checkpoint: {ck / (ck / 'latest').read_text().strip()}  ({note})")
     print(f"[demo] TensorBoard: tensorboard --logdir {layout.events}")
     if rc == EXIT_REQUEUE:

@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from leviathan_pretrain import cli
 from leviathan_pretrain.dtypes import torch_dtype
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ EXAMPLES = """examples:
       --quantile-buckets 5 --out lev-8000.json"""
 
 
-def parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.evaluate",
         description=__doc__,
@@ -47,19 +47,13 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = ap.add_argument_group("what to load")
-    g.add_argument(
-        "--run",
+    cli.add_run(
+        g,
+        "the run directory (train.out_dir), or its checkpoint directory; several: each is evaluated in turn",
         required=True,
         nargs="+",
-        help="the run directory (train.out_dir), or its checkpoint directory; several: each is evaluated in turn",
     )
-    g.add_argument("--step", type=int, help="evaluate global_step<N> (default: latest)")
-    g.add_argument("--checkpoint-dir", help="the run's checkpoint.dir when it is not RUN/checkpoints")
-    g.add_argument(
-        "--tokenizer",
-        help="the run's tokenizer, any kind data_prep reads (default: the run's data.tokenizer; the fingerprint is "
-        "checked)",
-    )
+    cli.add_checkpoint_options(g, "evaluate")
     g = ap.add_argument_group("what to evaluate")
     g.add_argument(
         "--data",
@@ -85,11 +79,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--wikitext-stride", type=int, help="new tokens per window on WikiText (default: --context / 2)")
     g.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (8)")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: CUDA when available")
-    g.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="compute dtype (fp32; bf16 on GPU)")
+    cli.add_dtype(g, "fp32", "compute dtype, bf16 on a GPU only", choices=("fp32", "bf16"))
     g = ap.add_argument_group("output")
-    g.add_argument("--out", help="the JSON report (default RUN/eval/<tag>.json; one --run only)")
+    cli.add_out(g, "the JSON report (default RUN_DIR/eval/<tag>.json; one --run only)", metavar="FILE")
     g.add_argument("--no-tensorboard", action="store_true", help="do not write eval/ scalars to the run's TensorBoard")
-    g.add_argument("--quiet", action="store_true", help="no progress lines")
+    cli.add_quiet(g, "no progress lines")
     return ap
 
 
@@ -230,30 +224,32 @@ def evaluate(ns, world: tuple[int, int], device) -> tuple[EvalReport, Path | Non
 
 
 def main(argv=None) -> int:
-    ns = parser().parse_args(argv)
+    ns = build_parser().parse_args(argv)
     import warnings
 
     # megatron-core's notices on machines without Transformer Engine / Apex (every CPU): expected, not news
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    from leviathan_pretrain.evaluation.load import EvalError, eval_world
+    from leviathan_pretrain.evaluation.load import EvalError
 
-    try:
-        _check_args(ns)
-        with eval_world(ns.device) as device:
-            import torch.distributed as dist
+    return cli.run_main(_evaluate_runs, ns, errors=(EvalError,))
 
-            world = (dist.get_rank(), dist.get_world_size())
-            for i, run in enumerate(ns.run):  # --run: one or more (each evaluated alone below)
-                if len(ns.run) > 1 and world[0] == 0:
-                    print(f"[evaluate] run {i + 1}/{len(ns.run)}: {run}", flush=True)
-                one = argparse.Namespace(**{**vars(ns), "run": run})
-                report, tb = evaluate(one, world, device)
-                if world[0] == 0:
-                    _write(one, report, tb)
-        return 0
-    except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+
+def _evaluate_runs(ns) -> int:
+    from leviathan_pretrain.evaluation.load import eval_world
+
+    _check_args(ns)
+    with eval_world(ns.device) as device:
+        import torch.distributed as dist
+
+        world = (dist.get_rank(), dist.get_world_size())
+        for i, run in enumerate(ns.run):  # --run: one or more (each evaluated alone below)
+            if len(ns.run) > 1 and world[0] == 0:
+                print(f"[evaluate] run {i + 1}/{len(ns.run)}: {run}", flush=True)
+            one = argparse.Namespace(**{**vars(ns), "run": run})
+            report, tb = evaluate(one, world, device)
+            if world[0] == 0:
+                _write(one, report, tb)
+    return 0
 
 
 def _write(ns, report: EvalReport, tb: Path | None) -> None:

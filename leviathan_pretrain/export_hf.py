@@ -39,8 +39,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from leviathan_pretrain import cli
 from leviathan_pretrain.dtypes import DTYPES, long_name
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 MARKER = "leviathan_export.json"
 FORMAT = "leviathan-hf-export"
@@ -209,27 +209,33 @@ def _size(path: Path) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.export_hf",
         description="Export a trained run's checkpoint as a Hugging Face LlamaForCausalLM directory "
         "(config.json, model.safetensors, tokenizer); see docs/export.md.",
     )
-    ap.add_argument("--run", required=True, metavar="RUN_DIR", help="the training run directory (train.out_dir)")
-    ap.add_argument(
-        "--step", type=int, default=None, metavar="N", help="export global_step<N> (default: the latest checkpoint)"
-    )
-    ap.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="checkpoints here, not RUN_DIR/checkpoints")
-    ap.add_argument("--tokenizer", default=None, metavar="PATH", help="the tokenizer, any kind (default: the run's)")
-    ap.add_argument("--out", required=True, metavar="DIR", help="the export directory to create")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_NAMES), help="weight dtype (default bf16)")
-    ap.add_argument("--overwrite", action="store_true", help="replace an earlier export in DIR (only one of ours)")
-    args = ap.parse_args(argv)
+    cli.add_run(ap, "the training run directory (train.out_dir)", required=True)
+    cli.add_checkpoint_options(ap, "export")
+    cli.add_out(ap, "the export directory to create", required=True, metavar="DIR")
+    cli.add_dtype(ap, "bf16", "weight dtype")
+    cli.add_overwrite(ap, "replace an earlier export in DIR (only one of ours)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # the export runs on the CPU; set before DeepSpeed loads
     os.environ.setdefault("TQDM_DISABLE", "1")  # DeepSpeed's zero_to_fp32 progress bars (ZeRO-3 checkpoints)
 
-    from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location, eval_world, select_tag
+    from leviathan_pretrain.evaluation.load import EvalError
+
+    return cli.run_main(_export, args, errors=(EvalError,))  # hf_convert.ExportError included
+
+
+def _export(args) -> int:
+    from leviathan_pretrain.evaluation.load import checkpoint_location, eval_world, select_tag
 
     try:
         check_out(Path(args.out).absolute(), args.overwrite)  # answer bad input before megatron-core loads
@@ -238,9 +244,6 @@ def main(argv=None) -> int:
             done = export(
                 args.run, args.out, args.step, args.checkpoint_dir, args.tokenizer, args.dtype, args.overwrite
             )
-    except EvalError as e:  # hf_convert.ExportError included
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
     except OSError as e:
         print(f"error: {e.filename or args.out}: {e.strerror or e}", file=sys.stderr, flush=True)
         return 1

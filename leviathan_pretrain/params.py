@@ -15,8 +15,8 @@ import argparse
 import json
 import sys
 
+from leviathan_pretrain.cli import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.model import sizes
 
 
@@ -35,16 +35,19 @@ def format_breakdown(cfg, counts: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.params", description=__doc__.splitlines()[0])
     config_arguments(ap, "YAML config (may name a base: file)", "dotted overrides, e.g. model.vocab_size=200019")
     ap.add_argument("--json", action="store_true", help="print one JSON object {input, body, head, total}")
-    args = ap.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return ap
+
+
+def main(argv=None) -> int:
+    return run_main(_params, build_parser().parse_args(argv), errors=(ConfigError,))
+
+
+def _params(args) -> int:
+    cfg = load_config(args.config, args.overrides)
     counts = breakdown(cfg)
     print(json.dumps(counts) if args.json else format_breakdown(cfg, counts))
     return 0

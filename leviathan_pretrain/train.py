@@ -31,8 +31,7 @@ exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary 
             error ends every rank at once, no hang until the collective timeout)"""
 
 
-def parse_args(argv=None):
-
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m leviathan_pretrain.train",
         description=__doc__.split("\n")[0],
@@ -42,11 +41,11 @@ def parse_args(argv=None):
     config_arguments(ap)
     # The `deepspeed` launcher appends --local_rank=N (LOCAL_RANK is in the environment as well).
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    return ap
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     cfg = load_config_or_report(args.config, args.overrides)
     if cfg is None:
         return EXIT_BAD_INPUT

@@ -7,16 +7,41 @@ cd "$(dirname "$0")/.."
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 export LEVIATHAN_TEST_CACHE="$PWD/.cache/tests"
 mkdir -p "$TORCH_EXTENSIONS_DIR" "$LEVIATHAN_TEST_CACHE"
-# Warm-up: JIT-build DeepSpeed's CPU communication op (deepspeed_shm_comm, 45-90 s on 2 cores) once, here,
-# so that no test pays for it and no two test processes build it concurrently. A no-op when it is cached.
-DS_ACCELERATOR=cpu python - <<'PY' || { echo "[test] DeepSpeed CPU op build failed" >&2; exit 1; }
+# Two tiers (tests/tiers.py): "fast" (in-process unit tests, one process, no subprocess allowed) and "integration"
+# (multi-process, SLURM, training runs, the tools as processes). LEVIATHAN_TEST_TIER: fast | integration | all
+# (default: fast, then integration; `make test-fast`, `make test-integration`, `make test`).
+tier="${LEVIATHAN_TEST_TIER:-all}"
+case "$tier" in fast|integration|all) ;; *) echo "[test] LEVIATHAN_TEST_TIER=$tier: use fast, integration or all" >&2; exit 2 ;; esac
+
+fast() {
+  echo "[test] fast tier (in-process unit tests)"
+  LEVIATHAN_TEST_TIER=fast python -m pytest -n 0 -m "not integration" "$@"
+}
+
+integration() {
+  # Warm-up: JIT-build DeepSpeed's CPU communication op (deepspeed_shm_comm, 45-90 s on 2 cores) once, here,
+  # so that no test pays for it and no two test processes build it concurrently. A no-op when it is cached.
+  DS_ACCELERATOR=cpu python - <<'PY' || { echo "[test] DeepSpeed CPU op build failed" >&2; return 1; }
 import time
 t = time.time()
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 ShareMemCommBuilder().load(verbose=False)
 print(f"[test] DeepSpeed CPU op deepspeed_shm_comm ready ({time.time() - t:.0f} s)", flush=True)
 PY
-# Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): the tests' own processes leave about 45% of
-# two cores idle (ranks waiting on each other, imports on one core). Which tests share a process: tests/conftest.py
-# (pytest_xdist_make_scheduler).
-exec python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" "$@"
+  # Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): the tests' own processes leave about 45%
+  # of two cores idle (ranks waiting on each other, imports on one core). Which tests share a process:
+  # tests/conftest.py (pytest_xdist_make_scheduler).
+  echo "[test] integration tier"
+  python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" -m integration "$@"
+}
+
+# pytest's 5 = "no tests selected" (e.g. PYTEST_ARGS naming one fast file): fine in "all" if the other tier ran
+rc_fast=5 rc_int=5
+if [ "$tier" != integration ]; then fast "$@" && rc_fast=0 || rc_fast=$?; fi
+if [ "$tier" != fast ]; then integration "$@" && rc_int=0 || rc_int=$?; fi  # also after a fast failure: all of it
+if [ "$tier" = all ] && [ "$rc_fast" -eq 5 ] && [ "$rc_int" -eq 0 ]; then rc_fast=0; fi
+if [ "$tier" = all ] && [ "$rc_int" -eq 5 ] && [ "$rc_fast" -eq 0 ]; then rc_int=0; fi
+[ "$tier" = fast ] && exit "$rc_fast"
+[ "$tier" = integration ] && exit "$rc_int"
+[ "$rc_fast" -ne 0 ] && exit "$rc_fast"
+exit "$rc_int"

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiers
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_PREP = REPO / "data_prep"
 
@@ -287,6 +289,7 @@ def _group(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    tiers.mark(items)  # the integration marker (tests/tiers.py)
     order = {g: i for i, g in enumerate((*GROUPS, *LONG))}
     items.sort(key=lambda item: order.get(_group(item.nodeid), len(order)))  # stable: files keep their order
 
@@ -302,6 +305,13 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # our order (the long groups first), not xdist's most-tests-first
     return FileGroups(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(monkeypatch):
+    if tiers.fast_tier():
+        tiers.forbid_subprocesses(monkeypatch)
+    yield
 
 
 def pytest_configure(config):

@@ -99,3 +99,26 @@ def test_the_record_and_layout_modules_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_eval_report_round_trip_and_its_checks(tmp_path):
+    """The evaluation report's one owner: evaluate's key order on write, compare's checks on read."""
+    from leviathan_pretrain.evaluation.report import EvalReport, ReportError
+
+    heldout = [{"name": "val", "prefix": "/d/val", "documents": 3, "documents_left_out": 0, "tokens": 90}]
+    heldout[0].update(loss=4.0, ppl=54.6)
+    rep = EvalReport(step=30, variant="lev", params={"total": 10, "input_layer": 2, "non_input": 8}, tokens_seen=960)
+    rep.heldout, rep.tag, rep.settings = heldout, "global_step30", {"context": 128}
+    rep.write(tmp_path / "eval" / "global_step30.json")
+    written = json.loads((tmp_path / "eval" / "global_step30.json").read_text())
+    assert list(written) == [
+        *("schema", "run", "checkpoint", "tag", "step", "variant", "params", "tokens_seen", "created"),
+        *("heldout", "frequency", "wikitext", "lambada", "settings", "seconds"),
+    ]
+    assert EvalReport.read(tmp_path / "eval" / "global_step30.json") == rep
+    brief = {k: written[k] for k in ("schema", "step", "variant", "params", "tokens_seen", "heldout")}
+    assert EvalReport.from_json(brief, "r.json").wikitext is None  # the optional sections may be absent
+    with pytest.raises(ReportError, match=r"r.json: malformed report: key 'heldout\[0\].ppl' is 'x'"):
+        EvalReport.from_json({**brief, "heldout": [{**heldout[0], "ppl": "x"}]}, "r.json")
+    with pytest.raises(ReportError, match="key 'schema' is 2, this tool reads 1"):
+        EvalReport.from_json({**brief, "schema": 2}, "r.json")

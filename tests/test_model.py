@@ -115,6 +115,7 @@ def test_out_of_range_ids_raise_for_every_variant(world, variant):
             model(x2, pos, None, labels=y)
 
 
+@pytest.mark.integration  # deepspeed.initialize: its op-compatibility checks compile with gcc
 @pytest.mark.parametrize("variant", ["lev", "tied", "albert"])
 def test_pp1_model_and_pipeline_are_one_assembly(world, variant, tmp_path):
     """The PP = 1 model and the DeepSpeed PipelineModule (one stage) built from the same pieces and seed have
