@@ -13,8 +13,6 @@ validation loss from the training log. Writes ``comparison.md``, ``comparison.cs
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -24,6 +22,8 @@ from pathlib import Path
 
 from data_prep.fileio import write_bytes_atomic
 from leviathan_pretrain import cli
+from leviathan_pretrain.evaluation import compare_tables as tables
+from leviathan_pretrain.evaluation.compare_tables import COLUMNS
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
@@ -263,35 +263,64 @@ def pick_baseline(runs: list, choice: str | None) -> tuple[int, str]:
     return 0, "--baseline"
 
 
-COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets and the buckets go after val_ppl
-    "total_params": ("params", "count"), "input_params": ("input params", "count"), "tokens_seen": ("tokens", "count"),
-    "val_loss": ("val loss", "loss"), "val_ppl": ("val ppl", "ppl"),
-    "wikitext_token_ppl": ("WikiText token ppl", "ppl"), "wikitext_word_ppl": ("WikiText word ppl", "ppl"),
-    "lambada_acc": ("LAMBADA acc", "acc"),
-}  # fmt: skip
+@dataclass
+class RunRow:
+    """One run's line of the comparison: its metrics, their change vs the baseline and its tokens to the target."""
+
+    run: Run
+    is_baseline: bool
+    metrics: dict  # {column: value} (run_metrics)
+    change: dict  # {column: percent vs the baseline}, None for the baseline itself or a missing value
+    curve: list  # the validation curve [(tokens, loss)]
+    reach: float | None  # tokens to reach the target
+    ratio: float | None  # the baseline's tokens to the target / this run's
+
+    @property
+    def label(self) -> str:
+        return f"{self.run.name} (baseline)" if self.is_baseline else self.run.name
 
 
-def fmt(v, kind: str) -> str:
-    if v is None:
-        return ""
-    if kind == "count":
-        for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-            if abs(v) >= scale:
-                return f"{v / scale:.4g}{suffix}"
-        return f"{v:g}"
-    if kind == "ppl":
-        return f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 1e4 else f"{v:,.0f}"
-    return f"{v:.4f}" if kind == "loss" else f"{v:.2f}x" if kind == "ratio" else f"{v:.3f}"
+@dataclass
+class Comparison:
+    """What the tables and plots show: a row per run, the baseline and the validation loss the runs race to."""
+
+    rows: list  # [RunRow], in the order of the runs
+    base_i: int
+    why: str  # how the baseline was chosen
+    keys: list  # the metric columns: COLUMNS' first five, the other heldout sets, the buckets, the rest of COLUMNS
+    buckets: list  # the ``ppl[<bucket>]`` keys
+    target: float | None  # the last point of the baseline's validation curve in tokens
+
+    @property
+    def base(self) -> RunRow:
+        return self.rows[self.base_i]
+
+    @property
+    def bucket_names(self) -> list:
+        return [k[4:-1] for k in self.buckets]
 
 
-def md_table(header: list, rows: list, left: tuple = (0,)) -> str:
-    """A Markdown table; columns other than ``left`` (indices) are right-aligned (numbers)."""
+def metric_keys(metrics: list) -> tuple[list, list]:
+    """The columns of every run's metrics, in table order, and which of them are frequency buckets."""
+    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS))
+    buckets = [k for k in extra if k.startswith("ppl[")]
+    return [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:]], buckets
 
-    def line(cells):
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    rule = ["---" if i in left or i - len(header) in left else "---:" for i in range(len(header))]
-    return "\n".join([line(header), line(rule), *map(line, rows)])
+def build_comparison(runs: list, base_i: int, why: str) -> Comparison:
+    """The rows: each run's metrics, their change vs ``runs[base_i]``, the tokens it takes to reach the baseline's
+    final validation loss (the last point of its validation curve)."""
+    metrics = [run_metrics(r) for r in runs]
+    keys, buckets = metric_keys(metrics)
+    curves = [r.curve(r.valid) for r in runs]
+    target = curves[base_i][-1][1] if curves[base_i] else None
+    reach = [tokens_to_reach(c, target) if target is not None else None for c in curves]
+    rows = []
+    for i, (r, m, curve, x) in enumerate(zip(runs, metrics, curves, reach)):
+        change = {k: None if i == base_i else relative(m.get(k), metrics[base_i].get(k)) for k in keys}
+        ratio = reach[base_i] / x if x and reach[base_i] is not None else None
+        rows.append(RunRow(r, i == base_i, m, change, curve, x, ratio))
+    return Comparison(rows, base_i, why, keys, buckets, target)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -299,75 +328,28 @@ def write_atomic(path: Path, text: str) -> Path:
     return path
 
 
-def compare(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
-    """Write every output to ``out``; return the Markdown and the paths written."""
+def write_outputs(comp: Comparison, text: str, csv_text: str, out: Path) -> list:
+    """``comparison.md`` (``text``), ``comparison.csv`` and the plots in ``out``; the paths written."""
     from leviathan_pretrain.evaluation import plots
 
-    base, metrics = runs[base_i], [run_metrics(r) for r in runs]
-    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS))
-    buckets = [k for k in extra if k.startswith("ppl[")]
-    keys = [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:]]
-    # tokens to reach the baseline's final validation loss: the last point of its validation curve
-    curves = [r.curve(r.valid) for r in runs]
-    target = curves[base_i][-1][1] if curves[base_i] else None
-    reach = [tokens_to_reach(c, target) if target is not None else None for c in curves]
-
-    csv_rows, main_rows, freq_rows, reach_rows = [], [], [], []
-    for i, (r, m, curve) in enumerate(zip(runs, metrics, curves)):
-        name = f"{r.name} (baseline)" if i == base_i else r.name
-        row = {"run": r.name, "baseline": i == base_i, "variant": r.variant, "path": str(r.path or "")}
-        row.update(report=str(r.report_path or ""), report_step=r.report.step if r.report else "")
-        cells = {}
-        for k in keys:
-            change = None if i == base_i else relative(m.get(k), metrics[base_i].get(k))
-            row[k], row[f"{k}_vs_baseline_pct"] = "" if m.get(k) is None else m[k], "" if change is None else change
-            cells[k] = fmt(m.get(k), COLUMNS.get(k, ("", "ppl"))[1]) + ("" if change is None else f" ({change:+.1f}%)")
-        ratio = reach[base_i] / reach[i] if reach[i] and reach[base_i] is not None else None
-        missing = "not reached" if curve and target is not None else ""
-        row["curve_final_val_loss"] = curve[-1][1] if curve else ""
-        row["tokens_to_baseline_loss"] = missing if reach[i] is None else reach[i]
-        row["baseline_tokens_over_run_tokens"], row["notes"] = "" if ratio is None else ratio, "; ".join(r.notes)
-        csv_rows.append(row)
-        main_rows.append([name, r.variant, *(cells[k] for k in keys if k not in buckets), row["notes"]])
-        freq_rows.append([name, *(cells[k] for k in buckets)])
-        got = fmt(reach[i], "count") if reach[i] is not None else missing or "no validation curve in tokens"
-        reach_rows.append([name, fmt(curve[-1][1] if curve else None, "loss"), got, fmt(ratio, "ratio")])
-
-    heads = [COLUMNS.get(k, (k, ""))[0] for k in keys if k not in buckets]
-    md = [
-        "# Run comparison\n",
-        f"Baseline: **{base.name}** ({why}). In parentheses: the change vs the baseline, (run - base) / base.\n",
-        md_table(["run", "variant", *heads, "notes"], main_rows, left=(0, 1, -1)),
-    ]
-    if buckets:
-        md += ["\n## Perplexity by training-frequency bucket of the target token\n"]
-        md += [md_table(["run", *(k[4:-1] for k in buckets)], freq_rows)]
-    md += ["\n## Tokens to reach the baseline's final validation loss\n"]
-    if target is None:
-        md.append(f"Not computed: the baseline {base.name} has no validation curve in tokens.")
-    else:
-        md.append(
-            f"Target: {target:.4f}, the last point of the baseline's validation curve ({base.curve_source}), first "
-            f"reached at {fmt(reach[base_i], 'count')} tokens. Ratio: baseline tokens / run tokens (> 1: fewer).\n"
-        )
-        md.append(md_table(["run", "final val loss", "tokens to reach", "baseline / run"], reach_rows))
-    md += ["\n## Reports\n", *(f"- {r.name}: {r.report_path or 'no eval report'}" for r in runs)]
-    text = "\n".join(md) + "\n"
-
     out.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(csv_rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(csv_rows)
-    written = [write_atomic(out / "comparison.md", text), write_atomic(out / "comparison.csv", buf.getvalue())]
-    pts = [{"name": r.name, "valid": c, "train": r.curve(r.train), "reach": x} for r, c, x in zip(runs, curves, reach)]
-    written.append(plots.loss_vs_tokens(pts, target, base.name, out / "val_loss_vs_tokens.png"))
-    series = [(r.name, [m.get(k) for k in buckets]) for r, m in zip(runs, metrics)]
-    written.append(plots.ppl_by_frequency([k[4:-1] for k in buckets], series, out / "ppl_by_frequency.png"))
-    if any(r.report and r.report.wikitext for r in runs):
-        wiki = [(r.name, m.get("wikitext_token_ppl"), m.get("wikitext_word_ppl")) for r, m in zip(runs, metrics)]
+    written = [write_atomic(out / "comparison.md", text), write_atomic(out / "comparison.csv", csv_text)]
+    rows, base = comp.rows, comp.base.run
+    pts = [{"name": w.run.name, "valid": w.curve, "train": w.run.curve(w.run.train), "reach": w.reach} for w in rows]
+    written.append(plots.loss_vs_tokens(pts, comp.target, base.name, out / "val_loss_vs_tokens.png"))
+    series = [(w.run.name, [w.metrics.get(k) for k in comp.buckets]) for w in rows]
+    written.append(plots.ppl_by_frequency(comp.bucket_names, series, out / "ppl_by_frequency.png"))
+    if any(w.run.report and w.run.report.wikitext for w in rows):
+        wiki = [(w.run.name, w.metrics.get("wikitext_token_ppl"), w.metrics.get("wikitext_word_ppl")) for w in rows]
         written.append(plots.wikitext_ppl(wiki, out / "wikitext_ppl.png"))
-    return text, written
+    return written
+
+
+def compare(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
+    """Write every output to ``out``; return the Markdown and the paths written."""
+    comp = build_comparison(runs, base_i, why)
+    text = tables.markdown(comp)
+    return text, write_outputs(comp, text, tables.csv_text(comp), out)
 
 
 def unique_names(runs: list) -> None:

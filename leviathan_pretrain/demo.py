@@ -20,6 +20,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.demo import run_demo
@@ -67,81 +68,145 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv=None) -> int:
+class DemoError(Exception):
+    """Bad input: main prints ``error: <message>`` and exits EXIT_BAD_INPUT."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """The command line, read once."""
+
+    out: Path
+    config: str
+    nprocs: int
+    steps: int
+    data_prefix: str | None
+    tokenizer: str | None
+    overwrite: bool
+    wikitext: str | None
+    evaluate: bool
+    overrides: tuple[str, ...]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / "train"
+
+    @property
+    def hf_dir(self) -> Path:
+        return self.out / "hf"
+
+
+@dataclass(frozen=True)
+class Data:
+    """The training data: shard prefixes and the tokenizer they were written with (None: the config's)."""
+
+    prefix: str
+    valid: str | None
+    tokenizer: str | None
+    vocab: int | None
+
+
+def parse(argv=None) -> Request:
     args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    run_dir = out / "train"
-
-    valid = None
-    if args.tokenizer and not args.data_prefix:
-        print(
-            "error: --tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
-    if args.data_prefix:
-        prefix, tokenizer, vocab = args.data_prefix, args.tokenizer, None
-    else:
-        print(f"[demo] data: data_prep.demo.run_demo({str(out)!r})", flush=True)
-
-        data = run_demo(out)
-        prefix, valid, tokenizer = data["train_prefix"], data["val_prefix"], data["tokenizer"]
-
-        vocab = open_cached(tokenizer).vocab_size
-    print(
-        f"[demo] training data: {prefix}"
-        + (f", validation {valid}" if valid else "")
-        + (f" (tokenizer {tokenizer}" + (f", {vocab} ids)" if vocab else ")") if tokenizer else ""),
-        flush=True,
+    return Request(
+        out=Path(args.out),
+        config=args.config,
+        nprocs=args.nprocs,
+        steps=args.steps,
+        data_prefix=args.data_prefix,
+        tokenizer=args.tokenizer,
+        overwrite=args.overwrite,
+        wikitext=args.wikitext,
+        evaluate=not args.no_eval,
+        overrides=tuple(args.overrides),
     )
 
-    if args.overwrite and run_dir.exists():
+
+def main(argv=None) -> int:
+    req = parse(argv)
+    try:
+        data = prepare_data(req)
+        prepare_run_dir(req.run_dir, req.overwrite)
+    except DemoError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rc = train(req, data)
+    print_results(req.run_dir, rc)
+    if rc != 0 or not req.evaluate:
+        return rc
+    return evaluate_and_export(req.run_dir, req.hf_dir, req.wikitext)
+
+
+def prepare_data(req: Request) -> Data:
+    """Step 1: ``--data-prefix`` as given, else ``data_prep.demo.run_demo`` (steps already done are reused)."""
+    if req.tokenizer and not req.data_prefix:
+        raise DemoError("--tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)")
+    if req.data_prefix:
+        data = Data(req.data_prefix, None, req.tokenizer, None)
+    else:
+        print(f"[demo] data: data_prep.demo.run_demo({str(req.out)!r})", flush=True)
+        made = run_demo(req.out)
+        tokenizer = made["tokenizer"]
+        data = Data(made["train_prefix"], made["val_prefix"], tokenizer, open_cached(tokenizer).vocab_size)
+    tok = data.tokenizer
+    print(
+        f"[demo] training data: {data.prefix}"
+        + (f", validation {data.valid}" if data.valid else "")
+        + (f" (tokenizer {tok}" + (f", {data.vocab} ids)" if data.vocab else ")") if tok else ""),
+        flush=True,
+    )
+    return data
+
+
+def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """The training directory, marked as the demo's; ``--overwrite`` deletes only one the demo created."""
+    if overwrite and run_dir.exists():
         if not (run_dir / DEMO_MARK).is_file():  # never delete a directory the demo did not create
-            print(
-                f"error: --overwrite: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
-                "or use another --out",
-                file=sys.stderr,
+            raise DemoError(
+                f"--overwrite: {run_dir} was not created by the demo (no {DEMO_MARK}); remove it yourself "
+                "or use another --out"
             )
-            return EXIT_BAD_INPUT
         shutil.rmtree(run_dir)
     if not run_dir.exists():
         run_dir.mkdir(parents=True)
         (run_dir / DEMO_MARK).write_text(
             "created by python -m leviathan_pretrain.demo; --overwrite deletes this directory\n"
         )
+
+
+def trainer_command(req: Request, data: Data) -> list[str]:
+    """``launchers/local.py -n N -- -m leviathan_pretrain.train --config C <overrides>``."""
     overrides = [
-        f"data.prefixes=[{prefix}]",
-        f"train.out_dir={run_dir}",
-        f"train.steps={args.steps}",
-        f"parallel.tensor_parallel={args.nprocs}",
+        f"data.prefixes=[{data.prefix}]",
+        f"train.out_dir={req.run_dir}",
+        f"train.steps={req.steps}",
+        f"parallel.tensor_parallel={req.nprocs}",
         "train.eval_interval=50",
         "train.eval_iters=4",
         "checkpoint.save_interval=50",
         "logging.log_interval=10",
     ]
-    overrides.append(f"data.valid_prefixes=[{valid}]" if valid else "data.split=95,5,0")
-    if tokenizer:
-        overrides += [f"data.tokenizer={tokenizer}", "model.vocab_size=null"]  # null: the tokenizer's
-    overrides += args.overrides
-    cmd = [
-        sys.executable,
-        str(REPO / "launchers/local.py"),
-        "-n",
-        str(args.nprocs),
-        "--",
-        "-m",
-        "leviathan_pretrain.train",
-        "--config",
-        args.config,
-        *overrides,
-    ]
+    overrides.append(f"data.valid_prefixes=[{data.valid}]" if data.valid else "data.split=95,5,0")
+    if data.tokenizer:
+        overrides += [f"data.tokenizer={data.tokenizer}", "model.vocab_size=null"]  # null: the tokenizer's
+    overrides += req.overrides
+    launcher = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(req.nprocs), "--"]
+    return [*launcher, "-m", "leviathan_pretrain.train", "--config", req.config, *overrides]
+
+
+def train(req: Request, data: Data) -> int:
+    """Step 2: the trainer on ``--nprocs`` local processes; its exit code."""
+    cmd = trainer_command(req, data)
     print(
-        f"[demo] training the tiny-cpu LEV model on {args.nprocs} local processes (TP={args.nprocs}):\n"
+        f"[demo] training the tiny-cpu LEV model on {req.nprocs} local processes (TP={req.nprocs}):\n"
         f"       {' '.join(cmd[1:])}",
         flush=True,
     )
-    rc = subprocess.call(cmd, cwd=REPO)
+    return subprocess.call(cmd, cwd=REPO)
 
+
+def print_results(run_dir: Path, rc: int) -> None:
+    """The losses, the checkpoint and TensorBoard of the run, and what the trainer's exit code ``rc`` means."""
     print("[demo] results", flush=True)
     layout = RunLayout(run_dir)
     if layout.train_log.is_file():
@@ -166,9 +231,6 @@ def main(argv=None) -> int:
         print("[demo] training stopped early with a checkpoint; run the demo again to continue")
     elif rc != 0:
         print(f"[demo] error: training failed (exit {rc})", file=sys.stderr)
-    if rc != 0 or args.no_eval:
-        return rc
-    return evaluate_and_export(run_dir, out / "hf", args.wikitext)
 
 
 def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> int:

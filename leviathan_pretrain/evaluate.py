@@ -17,6 +17,7 @@ Exit codes: 0 done; 2 bad input (run, checkpoint, tokenizer, data or text file),
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -29,6 +30,7 @@ from leviathan_pretrain.dtypes import torch_dtype
 from leviathan_pretrain.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
+    from leviathan_pretrain.evaluation.load import Trained
     from leviathan_pretrain.evaluation.report import EvalReport
 
 EXAMPLES = """examples:
@@ -87,186 +89,300 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _check_args(ns) -> None:
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """The command line, parsed once (:meth:`from_namespace`). ``runs``: every ``--run``; ``run``: the one an
+    evaluation loads (``main`` makes one copy per run with :func:`dataclasses.replace`). The ``--no-X`` switches
+    are the positive ``heldout`` / ``frequency`` / ``tensorboard``; the rest are the options' own names."""
+
+    runs: tuple[str, ...]
+    run: str
+    step: int | None
+    checkpoint_dir: str | None
+    tokenizer: str | None
+    data: tuple[str, ...] | None
+    heldout: bool
+    max_tokens: int | None
+    frequency: bool
+    bucket_edges: str
+    quantile_buckets: int | None
+    wikitext: str | None
+    lambada: str | None
+    context: int | None
+    stride: int | None
+    wikitext_stride: int | None
+    batch_size: int
+    device: str
+    dtype: str
+    out: str | None
+    tensorboard: bool
+    quiet: bool
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> EvalOptions:
+        """From :func:`build_parser`'s namespace; ``run``: the first ``--run``."""
+        derived = {"runs", "run", "data", "heldout", "frequency", "tensorboard"}
+        same = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if f.name not in derived}
+        return cls(
+            runs=tuple(ns.run),
+            run=ns.run[0],
+            data=tuple(ns.data) if ns.data else None,
+            heldout=not ns.no_heldout,
+            frequency=not ns.no_frequency,
+            tensorboard=not ns.no_tensorboard,
+            **same,
+        )
+
+    @property
+    def edges(self) -> list[float]:
+        """``--bucket-edges`` as numbers; ValueError when one is not a number (:func:`_check_args` says so)."""
+        return [float(x) for x in self.bucket_edges.split(",") if x.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scoring:
+    """What the scored sections share: the merged model and its vocabulary size, the windows (``context`` tokens,
+    ``stride`` new ones on the shards), ``score_streams``'s keywords (batch size, device, this rank's share of the
+    windows) and whether this rank prints progress."""
+
+    model: object
+    vocab_size: int
+    context: int
+    stride: int
+    kw: dict
+    verbose: bool
+
+
+def _check_args(opts: EvalOptions) -> None:
     from leviathan_pretrain.evaluation.load import EvalError
 
     for opt in ("context", "stride", "wikitext_stride", "batch_size", "max_tokens", "step"):
-        v = getattr(ns, opt)
+        v = getattr(opts, opt)
         if v is not None and v < (0 if opt == "step" else 1):
             raise EvalError(f"--{opt.replace('_', '-')}: must be >= {0 if opt == 'step' else 1}, got {v}")
     try:
-        ns.edges = [float(x) for x in ns.bucket_edges.split(",") if x.strip()]
+        opts.edges  # noqa: B018 - parsed here, to name a bad list before anything loads
     except ValueError:
-        raise EvalError(f"--bucket-edges: {ns.bucket_edges!r} is not a comma-separated list of numbers") from None
-    if ns.out and len(ns.run) > 1:
-        raise EvalError(f"--out names one report and {len(ns.run)} runs were given: leave --out out, and each report "
-                        "is written to RUN/eval/<tag>.json")  # fmt: skip
+        raise EvalError(f"--bucket-edges: {opts.bucket_edges!r} is not a comma-separated list of numbers") from None
+    if opts.out and len(opts.runs) > 1:
+        raise EvalError(f"--out names one report and {len(opts.runs)} runs were given: leave --out out, and each "
+                        "report is written to RUN/eval/<tag>.json")  # fmt: skip
 
 
-def evaluate(ns, world: tuple[int, int], device) -> tuple[EvalReport, Path | None]:
-    """Everything ``ns`` asks for, as an :class:`EvalReport`, and the run's TensorBoard directory
-    (None when the run logged none)."""
-    import torch
-
-    from leviathan_pretrain.evaluation import heldout as H
-    from leviathan_pretrain.evaluation import texts as T
-    from leviathan_pretrain.evaluation.load import EvalError, load_trained
-    from leviathan_pretrain.evaluation.report import EvalReport, Meter
-    from leviathan_pretrain.evaluation.scoring import score_streams
-    from leviathan_pretrain.model import sizes
+def evaluate(opts: EvalOptions, world: tuple[int, int], device) -> tuple[EvalReport, Path | None]:
+    """Everything ``opts`` asks of ``opts.run``, as an :class:`EvalReport`, and the run's TensorBoard directory
+    (None when the run logged none): the header, then one section per metric, each filling its part."""
+    from leviathan_pretrain.evaluation.load import EvalError
 
     t0 = time.monotonic()
-    dtype = torch_dtype(ns.dtype)
+    tr = _load(opts, device)
+    sc = _scoring(opts, tr, world, device)
+    report = _header(opts, tr, sc, world, device)
+    scored = _heldout(opts, tr.cfg, sc, report) if opts.heldout else []
+    if scored and opts.frequency:
+        _frequency(opts, tr.cfg.data.prefixes, sc.vocab_size, scored, report)
+    if opts.wikitext or opts.lambada:
+        tok = _text_tokenizer(tr)
+        if opts.wikitext:
+            _wikitext(opts.wikitext, opts.wikitext_stride, tok, sc, report)
+        if opts.lambada:
+            _lambada(opts.lambada, tok, sc, report)
+    if not (report.heldout or report.wikitext or report.lambada):
+        raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
+    report.seconds = round(time.monotonic() - t0, 1)
+    return report, _tensorboard_dir(opts, tr.cfg)
+
+
+def _load(opts: EvalOptions, device) -> Trained:
+    """The run's checkpoint as one model, in ``--dtype`` on ``device``."""
+    import torch
+
+    from leviathan_pretrain.evaluation.load import EvalError, load_trained
+
+    dtype = torch_dtype(opts.dtype)
     if dtype == torch.bfloat16 and device.type != "cuda":
         raise EvalError("--dtype bf16: needs a GPU here (CPU bf16 matmuls are slow and not what training used)")
-    tr = load_trained(ns.run, ns.step, ns.checkpoint_dir, ns.tokenizer, device=device, dtype=dtype)
-    cfg, V = tr.cfg, tr.vocab_size
-    context = ns.context or cfg.model.seq_length
-    if context > cfg.model.seq_length:
-        print(f"[evaluate] note: --context {context} is longer than the trained seq_length {cfg.model.seq_length}")
-    stride = ns.stride or context
+    return load_trained(opts.run, opts.step, opts.checkpoint_dir, opts.tokenizer, device=device, dtype=dtype)
+
+
+def _scoring(opts: EvalOptions, tr: Trained, world: tuple[int, int], device) -> _Scoring:
+    """The windows (``--context``, default the trained seq_length; ``--stride``, default disjoint) and the rest
+    every section scores with."""
+    from leviathan_pretrain.evaluation.load import EvalError
+
+    seq_length = tr.cfg.model.seq_length
+    context = opts.context or seq_length
+    if context > seq_length:
+        print(f"[evaluate] note: --context {context} is longer than the trained seq_length {seq_length}")
+    stride = opts.stride or context
     if stride > context:
         raise EvalError(f"--stride {stride}: must be <= --context {context}")
-    verbose = not ns.quiet and world[0] == 0
-    kw = dict(batch_size=ns.batch_size, device=device, shard=world)
-    counts = sizes.param_breakdown(cfg.model, tr.record.layout.tp)
+    kw = dict(batch_size=opts.batch_size, device=device, shard=world)
+    return _Scoring(tr.model, tr.vocab_size, context, stride, kw, not opts.quiet and world[0] == 0)
+
+
+def _header(opts: EvalOptions, tr: Trained, sc: _Scoring, world: tuple[int, int], device) -> EvalReport:
+    """The report with what was loaded (run, checkpoint, parameters, tokens seen) and the settings, no metric yet;
+    says what was loaded."""
+    from leviathan_pretrain.evaluation.report import EvalReport
+    from leviathan_pretrain.model import sizes
+
+    cfg, layout = tr.cfg, tr.record.layout
+    counts = sizes.param_breakdown(cfg.model, layout.tp)
+    total, n_input = counts["total"], counts["input"]
     report = EvalReport(
-        run=str(Path(ns.run).resolve()),
+        run=str(Path(opts.run).resolve()),
         checkpoint=str((tr.ckpt_dir / tr.tag).resolve()),
         tag=tr.tag,
         step=tr.step,
         variant=tr.variant,
-        params={
-            "total": counts["total"],
-            "input_layer": counts["input"],
-            "non_input": counts["total"] - counts["input"],
-        },
+        params={"total": total, "input_layer": n_input, "non_input": total - n_input},
         tokens_seen=tr.record.consumed_samples * cfg.model.seq_length,
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        settings={
-            "context": context,
-            "stride": stride,
-            "batch_size": ns.batch_size,
-            "device": str(device),
-            "dtype": ns.dtype,
-            "max_tokens": ns.max_tokens,
-            "world": world[1],
-        },
-    )
-    if verbose:
-        print(
-            f"[evaluate] {tr.ckpt_dir / tr.tag}: {tr.variant}, layout {tr.record.layout.to_json()}, step {tr.step}",
-            flush=True,
-        )
-    all_loss, all_tgt = [], []
-    if not ns.no_heldout:
-        for hs in H.heldout_sets(cfg, ns.data):
-            tokens, docs, left = H.read_stream(hs, ns.max_tokens)
-            if tokens.size < 2:
-                raise EvalError(f"{hs.prefix}: fewer than 2 tokens to evaluate")
-            if int(tokens.max()) >= V:
-                raise EvalError(f"{hs.prefix}: token id {int(tokens.max())} >= model.vocab_size={V}: another tokenizer")
-            meter = Meter(hs.name, tokens.size - 1, verbose)
-            s = score_streams(tr.model, [tokens], V, context, stride, progress=meter, **kw)[0]
-            meter.close()
-            report.heldout.append(
-                {
-                    "name": hs.name,
-                    "prefix": str(Path(hs.prefix).resolve()),
-                    "documents": docs,
-                    "documents_left_out": left,
-                    "tokens": s.tokens,
-                    "loss": s.mean_loss,
-                    "ppl": math.exp(s.mean_loss),
-                }
-            )
-            all_loss.append(s.loss)
-            all_tgt.append(s.target)
-    if all_loss and not ns.no_frequency:
-        import numpy as np
+        settings={"context": sc.context, "stride": sc.stride, "batch_size": opts.batch_size, "device": str(device),
+                  "dtype": opts.dtype, "max_tokens": opts.max_tokens, "world": world[1]},
+    )  # fmt: skip
+    if sc.verbose:
+        print(f"[evaluate] {tr.ckpt_dir / tr.tag}: {tr.variant}, layout {layout.to_json()}, step {tr.step}", flush=True)
+    return report
 
-        try:
-            train_counts, files = H.training_counts(list(cfg.data.prefixes), V)
-        except EvalError as e:
-            print(f"[evaluate] frequency buckets skipped: {e}", file=sys.stderr)
-        else:
-            fr = H.frequency_buckets(
-                np.concatenate(all_loss), np.concatenate(all_tgt), train_counts, ns.edges, ns.quantile_buckets
-            )
-            report.frequency = {"counts": files, **fr}
-    tok = None
-    if ns.wikitext or ns.lambada:
-        if tr.tokenizer is None:
-            raise EvalError(
-                "WikiText/LAMBADA need the run's tokenizer: the recorded data.tokenizer is missing; "
-                "give --tokenizer PATH"
-            )
-        tok = tr.tokenizer
-        eod = tok.eod_id
-    if ns.wikitext:
-        texts = T.wikitext_articles(ns.wikitext)
-        ws = ns.wikitext_stride or max(1, context // 2)
-        if ws > context:
-            raise EvalError(f"--wikitext-stride {ws}: must be <= --context {context}")
-        streams = T.wikitext_streams(tok, eod, texts)
-        meter = Meter("wikitext", sum(len(s) - 1 for s in streams), verbose)
-        w = T.score_wikitext(tr.model, streams, V, texts, context, ws, progress=meter, **kw)
-        meter.close()
-        report.wikitext = {"path": str(Path(ns.wikitext).resolve()), **w}
-    if ns.lambada:
-        la = T.score_lambada(tr.model, tok, eod, V, T.lambada_examples(ns.lambada), context, **kw)
-        la.pop("word_nats")
-        report.lambada = {"path": str(Path(ns.lambada).resolve()), **la}
-    if not (report.heldout or report.wikitext or report.lambada):
-        raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
-    report.seconds = round(time.monotonic() - t0, 1)
-    return report, _tensorboard_dir(ns, cfg)
+
+def _heldout(opts: EvalOptions, cfg, sc: _Scoring, report: EvalReport) -> list[tuple]:
+    """Each held-out set (``--data``, else the run's) scored into ``report.heldout``; ``(losses, targets)`` of
+    each set, for the frequency buckets."""
+    from leviathan_pretrain.evaluation import heldout as H
+
+    scored = []
+    for hs in H.heldout_sets(cfg, opts.data):
+        entry, s = _heldout_set(hs, opts.max_tokens, sc)
+        report.heldout.append(entry)
+        scored.append((s.loss, s.target))
+    return scored
+
+
+def _heldout_set(hs, max_tokens: int | None, sc: _Scoring) -> tuple[dict, object]:
+    """One held-out set's report entry and its :class:`~leviathan_pretrain.evaluation.scoring.Scores`."""
+    from leviathan_pretrain.evaluation import heldout as H
+    from leviathan_pretrain.evaluation.load import EvalError
+    from leviathan_pretrain.evaluation.report import Meter
+    from leviathan_pretrain.evaluation.scoring import score_streams
+
+    tokens, docs, left = H.read_stream(hs, max_tokens)
+    if tokens.size < 2:
+        raise EvalError(f"{hs.prefix}: fewer than 2 tokens to evaluate")
+    if int(tokens.max()) >= sc.vocab_size:
+        raise EvalError(
+            f"{hs.prefix}: token id {int(tokens.max())} >= model.vocab_size={sc.vocab_size}: another tokenizer"
+        )
+    meter = Meter(hs.name, tokens.size - 1, sc.verbose)
+    s = score_streams(sc.model, [tokens], sc.vocab_size, sc.context, sc.stride, progress=meter, **sc.kw)[0]
+    meter.close()
+    entry = {"name": hs.name, "prefix": str(Path(hs.prefix).resolve()), "documents": docs, "documents_left_out": left,
+             "tokens": s.tokens, "loss": s.mean_loss, "ppl": math.exp(s.mean_loss)}  # fmt: skip
+    return entry, s
+
+
+def _frequency(opts: EvalOptions, prefixes, vocab_size: int, scored: list[tuple], report: EvalReport) -> None:
+    """``report.frequency``: the held-out targets' perplexity by training frequency (``--bucket-edges`` or
+    ``--quantile-buckets``); skipped, with a note, when the training counts are not to be had."""
+    import numpy as np
+
+    from leviathan_pretrain.evaluation import heldout as H
+    from leviathan_pretrain.evaluation.load import EvalError
+
+    try:
+        train_counts, files = H.training_counts(list(prefixes), vocab_size)
+    except EvalError as e:
+        print(f"[evaluate] frequency buckets skipped: {e}", file=sys.stderr)
+        return
+    losses, targets = (np.concatenate(arrays) for arrays in zip(*scored))
+    fr = H.frequency_buckets(losses, targets, train_counts, opts.edges, opts.quantile_buckets)
+    report.frequency = {"counts": files, **fr}
+
+
+def _text_tokenizer(tr: Trained):
+    """The run's tokenizer, which WikiText and LAMBADA need."""
+    from leviathan_pretrain.evaluation.load import EvalError
+
+    if tr.tokenizer is None:
+        raise EvalError(
+            "WikiText/LAMBADA need the run's tokenizer: the recorded data.tokenizer is missing; give --tokenizer PATH"
+        )
+    return tr.tokenizer
+
+
+def _wikitext(path: str, stride: int | None, tok, sc: _Scoring, report: EvalReport) -> None:
+    """``report.wikitext``: zero-shot WikiText-103 of ``path``, windows of ``stride`` new tokens (default half
+    the context)."""
+    from leviathan_pretrain.evaluation import texts as T
+    from leviathan_pretrain.evaluation.load import EvalError
+    from leviathan_pretrain.evaluation.report import Meter
+
+    texts = T.wikitext_articles(path)
+    ws = stride or max(1, sc.context // 2)
+    if ws > sc.context:
+        raise EvalError(f"--wikitext-stride {ws}: must be <= --context {sc.context}")
+    streams = T.wikitext_streams(tok, tok.eod_id, texts)
+    meter = Meter("wikitext", sum(len(s) - 1 for s in streams), sc.verbose)
+    w = T.score_wikitext(sc.model, streams, sc.vocab_size, texts, sc.context, ws, progress=meter, **sc.kw)
+    meter.close()
+    report.wikitext = {"path": str(Path(path).resolve()), **w}
+
+
+def _lambada(path: str, tok, sc: _Scoring, report: EvalReport) -> None:
+    """``report.lambada``: last-word accuracy on the examples of ``path``."""
+    from leviathan_pretrain.evaluation import texts as T
+
+    examples = T.lambada_examples(path)
+    la = T.score_lambada(sc.model, tok, tok.eod_id, sc.vocab_size, examples, sc.context, **sc.kw)
+    la.pop("word_nats")
+    report.lambada = {"path": str(Path(path).resolve()), **la}
 
 
 def main(argv=None) -> int:
-    ns = build_parser().parse_args(argv)
+    opts = EvalOptions.from_namespace(build_parser().parse_args(argv))
     import warnings
 
     # megatron-core's notices on machines without Transformer Engine / Apex (every CPU): expected, not news
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
     from leviathan_pretrain.evaluation.load import EvalError
 
-    return cli.run_main(_evaluate_runs, ns, errors=(EvalError,))
+    return cli.run_main(_evaluate_runs, opts, errors=(EvalError,))
 
 
-def _evaluate_runs(ns) -> int:
+def _evaluate_runs(opts: EvalOptions) -> int:
     from leviathan_pretrain.evaluation.load import eval_world
 
-    _check_args(ns)
-    with eval_world(ns.device) as device:
+    _check_args(opts)
+    with eval_world(opts.device) as device:
         import torch.distributed as dist
 
         world = (dist.get_rank(), dist.get_world_size())
-        for i, run in enumerate(ns.run):  # --run: one or more (each evaluated alone below)
-            if len(ns.run) > 1 and world[0] == 0:
-                print(f"[evaluate] run {i + 1}/{len(ns.run)}: {run}", flush=True)
-            one = argparse.Namespace(**{**vars(ns), "run": run})
+        for i, run in enumerate(opts.runs):  # --run: one or more (each evaluated alone below)
+            if len(opts.runs) > 1 and world[0] == 0:
+                print(f"[evaluate] run {i + 1}/{len(opts.runs)}: {run}", flush=True)
+            one = dataclasses.replace(opts, run=run)
             report, tb = evaluate(one, world, device)
             if world[0] == 0:
                 _write(one, report, tb)
     return 0
 
 
-def _write(ns, report: EvalReport, tb: Path | None) -> None:
+def _write(opts: EvalOptions, report: EvalReport, tb: Path | None) -> None:
     from leviathan_pretrain.evaluation.report import console_table, tensorboard_scalars
 
-    out = Path(ns.out) if ns.out else RunLayout(Path(ns.run)).report(report.tag)
+    out = Path(opts.out) if opts.out else RunLayout(Path(opts.run)).report(report.tag)
     report.write(out)
     print(console_table(report))
     print(f"\nreport: {out}")
-    if tb is not None and not ns.no_tensorboard:
+    if tb is not None and opts.tensorboard:
         from leviathan_pretrain.evaluation.report import write_tensorboard
 
         write_tensorboard(tb, report.step, tensorboard_scalars(report))
         print(f"tensorboard: eval/ scalars at step {report.step} in {tb}")
 
 
-def _tensorboard_dir(ns, cfg) -> Path | None:
+def _tensorboard_dir(opts: EvalOptions, cfg) -> Path | None:
     """The run's TensorBoard directory: the recorded ``logging.tensorboard_dir`` if it exists here, else
     RUN/tensorboard (None when the run logged no TensorBoard)."""
     if not cfg.logging.tensorboard:
@@ -274,7 +390,7 @@ def _tensorboard_dir(ns, cfg) -> Path | None:
     recorded = cfg.logging.tensorboard_dir
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
-    return RunLayout(Path(ns.run)).events
+    return RunLayout(Path(opts.run)).events
 
 
 if __name__ == "__main__":

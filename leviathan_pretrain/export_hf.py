@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,16 @@ class Exported:
     tokenizer: str = ""
 
 
+@dataclass
+class Converted:
+    """A checkpoint as a Hugging Face Llama: its ``LlamaConfig``, its tensors in the export dtype."""
+
+    config: object  # transformers.LlamaConfig
+    state: dict  # {HF name: tensor}
+    ids: dict  # the tokenizer's special ids (hf_tokenizer.special_ids)
+    parameters: int
+
+
 def export(
     run_dir,
     out,
@@ -119,19 +130,37 @@ def export(
     overwrite: bool = False,
 ) -> Exported:
     """Write the HF export of a run's checkpoint to ``out`` (see the module doc); inside ``eval_world``."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-
-    from leviathan_pretrain.evaluation.hf_convert import check_llama_layout, llama_config, llama_state_dict
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError, special_ids, write_tokenizer
-    from leviathan_pretrain.evaluation.load import load_trained
+    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
 
     t0 = time.time()
     if dtype not in DTYPE_NAMES:
         raise ExportError(f"--dtype {dtype}: choose one of {', '.join(DTYPE_NAMES)}")
     out = Path(out).absolute()
     check_out(out, overwrite)
+    trained = load_checked(run_dir, step, checkpoint_dir, tokenizer)
+    converted = convert(trained, dtype)
+    with _staging_dir(out) as tmp:
+        tok_record = write_export(tmp, run_dir, trained, converted, dtype)
+        files = publish(tmp, out, overwrite)
+    return Exported(
+        out,
+        files,
+        converted.parameters,
+        dtype,
+        trained.variant,
+        trained.tag,
+        trained.step,
+        time.time() - t0,
+        _tokenizer_note(trained.tokenizer, tok_record),
+    )
+
+
+def load_checked(run_dir, step: int | None, checkpoint_dir, tokenizer):
+    """The run's checkpoint (``load_trained``), refused without a tokenizer or with one larger than the model's
+    vocabulary."""
+    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
+    from leviathan_pretrain.evaluation.load import load_trained
+
     trained = load_trained(run_dir, step=step, checkpoint_dir=checkpoint_dir, tokenizer=tokenizer)
     if trained.tokenizer is None:
         where = tokenizer or trained.cfg.data.tokenizer or "(none recorded)"
@@ -139,7 +168,17 @@ def export(
     tok = trained.tokenizer
     if tok.vocab_size > trained.vocab_size:
         raise ExportError(f"{tok.path}: {tok.vocab_size} ids, more than the model's vocab_size {trained.vocab_size}")
-    ids = special_ids(tok)
+    return trained
+
+
+def convert(trained, dtype: str) -> Converted:
+    """The Llama config and tensors of ``trained`` (its model is released), checked and cast to ``dtype``."""
+    import torch
+
+    from leviathan_pretrain.evaluation.hf_convert import check_llama_layout, llama_config, llama_state_dict
+    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError, special_ids
+
+    ids = special_ids(trained.tokenizer)
     config = llama_config(trained.cfg, ids, DTYPE_NAMES[dtype])
     state = llama_state_dict(trained.model, trained.cfg)
     del trained.model
@@ -148,54 +187,82 @@ def export(
     bad = [k for k, v in state.items() if not torch.isfinite(v).all()]
     if bad:
         raise ExportError(f"{bad[0]}: not finite in {dtype} (overflow?); export with --dtype bf16 or fp32")
-    parameters = sum(v.numel() for v in state.values())
+    return Converted(config, state, ids, sum(v.numel() for v in state.values()))
 
+
+@contextmanager
+def _staging_dir(out: Path):
+    """A fresh ordinary directory beside ``out``, removed on the way out unless it was moved into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         _public(tmp, 0o777)  # mkdtemp makes it private; the export is an ordinary directory
-        config.save_pretrained(str(tmp))
-        conf = json.loads((tmp / "config.json").read_text())  # older readers: rope_theta, torch_dtype
-        conf.update(rope_theta=float(trained.cfg.model.rotary_base), torch_dtype=DTYPE_NAMES[dtype])
-        (tmp / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
-        pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
-        GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=pad).save_pretrained(str(tmp))
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tok_record = write_tokenizer(tok, tmp)
-        marker = {
-            "format": FORMAT,
-            "version": 1,
-            "source_run": str(Path(run_dir).absolute()),
-            "checkpoint_dir": str(trained.ckpt_dir.absolute()),
-            "tag": trained.tag,
-            "step": trained.step,
-            "variant": trained.variant,
-            "vocab_size": trained.vocab_size,
-            "tokenizer": str(Path(tok.path).absolute()),
-            "tokenizer_kind": tok.kind,
-            "tokenizer_sha256": tok.file_sha256,
-            "tokenizer_fingerprint": tok.fingerprint,
-            **tok_record,
-            "dtype": dtype,
-            "parameters": parameters,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        files = sorted(p.name for p in tmp.iterdir())
-        for f in files:
-            _public(tmp / f, 0o666)
-        move_into_place(tmp, out, overwrite)
+        yield tmp
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    tok_note = f"{tok.kind} {Path(tok.path).name} -> {', '.join(tok_record['tokenizer_files'])}"
+
+
+def write_export(tmp: Path, run_dir, trained, converted: Converted, dtype: str) -> dict:
+    """Every file of the export into ``tmp``; the tokenizer's record (``write_tokenizer``)."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    from leviathan_pretrain.evaluation.hf_tokenizer import write_tokenizer
+
+    ids = converted.ids
+    converted.config.save_pretrained(str(tmp))
+    conf = json.loads((tmp / "config.json").read_text())  # older readers: rope_theta, torch_dtype
+    conf.update(rope_theta=float(trained.cfg.model.rotary_base), torch_dtype=DTYPE_NAMES[dtype])
+    (tmp / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=pad).save_pretrained(str(tmp))
+    save_file(converted.state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok_record = write_tokenizer(trained.tokenizer, tmp)
+    marker = _marker(run_dir, trained, tok_record, dtype, converted.parameters)
+    (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return tok_record
+
+
+def _marker(run_dir, trained, tok_record: dict, dtype: str, parameters: int) -> dict:
+    """``leviathan_export.json``: where the export came from."""
+    tok = trained.tokenizer
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "source_run": str(Path(run_dir).absolute()),
+        "checkpoint_dir": str(trained.ckpt_dir.absolute()),
+        "tag": trained.tag,
+        "step": trained.step,
+        "variant": trained.variant,
+        "vocab_size": trained.vocab_size,
+        "tokenizer": str(Path(tok.path).absolute()),
+        "tokenizer_kind": tok.kind,
+        "tokenizer_sha256": tok.file_sha256,
+        "tokenizer_fingerprint": tok.fingerprint,
+        **tok_record,
+        "dtype": dtype,
+        "parameters": parameters,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def publish(tmp: Path, out: Path, overwrite: bool) -> list[str]:
+    """Make ``tmp``'s files ordinary and rename it to ``out``; the names of the files."""
+    files = sorted(p.name for p in tmp.iterdir())
+    for f in files:
+        _public(tmp / f, 0o666)
+    move_into_place(tmp, out, overwrite)
+    return files
+
+
+def _tokenizer_note(tok, tok_record: dict) -> str:
+    note = f"{tok.kind} {Path(tok.path).name} -> {', '.join(tok_record['tokenizer_files'])}"
     if tok_record.get("post_processor_removed_ids"):
-        tok_note += (
+        note += (
             f" (without the source's post-processor, which adds ids {tok_record['post_processor_removed_ids']}: "
             "the training data has none)"
         )
-    return Exported(
-        out, files, parameters, dtype, trained.variant, trained.tag, trained.step, time.time() - t0, tok_note
-    )
+    return note
 
 
 def _public(path: Path, mode: int) -> None:

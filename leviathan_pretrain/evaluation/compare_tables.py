@@ -1,0 +1,115 @@
+"""The text of ``python -m leviathan_pretrain.compare``'s comparison: its Markdown tables and its CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from leviathan_pretrain.compare import Comparison, RunRow
+
+COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets and the buckets go after val_ppl
+    "total_params": ("params", "count"), "input_params": ("input params", "count"), "tokens_seen": ("tokens", "count"),
+    "val_loss": ("val loss", "loss"), "val_ppl": ("val ppl", "ppl"),
+    "wikitext_token_ppl": ("WikiText token ppl", "ppl"), "wikitext_word_ppl": ("WikiText word ppl", "ppl"),
+    "lambada_acc": ("LAMBADA acc", "acc"),
+}  # fmt: skip
+
+
+def fmt(v, kind: str) -> str:
+    if v is None:
+        return ""
+    if kind == "count":
+        for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+            if abs(v) >= scale:
+                return f"{v / scale:.4g}{suffix}"
+        return f"{v:g}"
+    if kind == "ppl":
+        return f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 1e4 else f"{v:,.0f}"
+    return f"{v:.4f}" if kind == "loss" else f"{v:.2f}x" if kind == "ratio" else f"{v:.3f}"
+
+
+def md_table(header: list, rows: list, left: tuple = (0,)) -> str:
+    """A Markdown table; columns other than ``left`` (indices) are right-aligned (numbers)."""
+
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    rule = ["---" if i in left or i - len(header) in left else "---:" for i in range(len(header))]
+    return "\n".join([line(header), line(rule), *map(line, rows)])
+
+
+def _unreached(row: RunRow, comp: Comparison) -> str:
+    """ "not reached" for a run with a validation curve when there is a target, else empty."""
+    return "not reached" if row.curve and comp.target is not None else ""
+
+
+def csv_text(comp: Comparison) -> str:
+    """``comparison.csv``: one line per run, every metric with its change vs the baseline in percent."""
+    lines = []
+    for row in comp.rows:
+        r = row.run
+        line = {"run": r.name, "baseline": row.is_baseline, "variant": r.variant, "path": str(r.path or "")}
+        line.update(report=str(r.report_path or ""), report_step=r.report.step if r.report else "")
+        for k in comp.keys:
+            v, change = row.metrics.get(k), row.change[k]
+            line[k], line[f"{k}_vs_baseline_pct"] = "" if v is None else v, "" if change is None else change
+        line["curve_final_val_loss"] = row.curve[-1][1] if row.curve else ""
+        line["tokens_to_baseline_loss"] = _unreached(row, comp) if row.reach is None else row.reach
+        line["baseline_tokens_over_run_tokens"] = "" if row.ratio is None else row.ratio
+        line["notes"] = "; ".join(r.notes)
+        lines.append(line)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(lines[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(lines)
+    return buf.getvalue()
+
+
+def _cells(row: RunRow, keys: list) -> dict:
+    """``{key: formatted value}``, with the change vs the baseline in parentheses."""
+    cells = {}
+    for k in keys:
+        change = row.change[k]
+        shown = fmt(row.metrics.get(k), COLUMNS.get(k, ("", "ppl"))[1])
+        cells[k] = shown + ("" if change is None else f" ({change:+.1f}%)")
+    return cells
+
+
+def markdown(comp: Comparison) -> str:
+    """``comparison.md`` (also printed): the main table, the frequency buckets, the tokens to the target, the
+    reports."""
+    main_rows, freq_rows, reach_rows = [], [], []
+    plain = [k for k in comp.keys if k not in comp.buckets]
+    for row in comp.rows:
+        cells, name = _cells(row, comp.keys), row.label
+        main_rows.append([name, row.run.variant, *(cells[k] for k in plain), "; ".join(row.run.notes)])
+        freq_rows.append([name, *(cells[k] for k in comp.buckets)])
+        missing = _unreached(row, comp)
+        got = fmt(row.reach, "count") if row.reach is not None else missing or "no validation curve in tokens"
+        final = fmt(row.curve[-1][1] if row.curve else None, "loss")
+        reach_rows.append([name, final, got, fmt(row.ratio, "ratio")])
+
+    base = comp.base
+    heads = [COLUMNS.get(k, (k, ""))[0] for k in plain]
+    md = [
+        "# Run comparison\n",
+        f"Baseline: **{base.run.name}** ({comp.why}). "
+        "In parentheses: the change vs the baseline, (run - base) / base.\n",
+        md_table(["run", "variant", *heads, "notes"], main_rows, left=(0, 1, -1)),
+    ]
+    if comp.buckets:
+        md += ["\n## Perplexity by training-frequency bucket of the target token\n"]
+        md += [md_table(["run", *comp.bucket_names], freq_rows)]
+    md += ["\n## Tokens to reach the baseline's final validation loss\n"]
+    if comp.target is None:
+        md.append(f"Not computed: the baseline {base.run.name} has no validation curve in tokens.")
+    else:
+        md.append(
+            f"Target: {comp.target:.4f}, the last point of the baseline's validation curve ({base.run.curve_source}), "
+            f"first reached at {fmt(base.reach, 'count')} tokens. Ratio: baseline tokens / run tokens (> 1: fewer).\n"
+        )
+        md.append(md_table(["run", "final val loss", "tokens to reach", "baseline / run"], reach_rows))
+    md += ["\n## Reports\n", *(f"- {row.run.name}: {row.run.report_path or 'no eval report'}" for row in comp.rows)]
+    return "\n".join(md) + "\n"
