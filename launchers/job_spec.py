@@ -17,7 +17,8 @@ class Refused(Exception):
 @dataclass(frozen=True)
 class Request:
     """The options of a ``submit`` / ``sweep`` / ``pipeline`` command line, as given (checked when a
-    :class:`Job` is made of them); options another command lacks are None."""
+    :class:`Job` is made of them); options another command lacks are None (their defaults are the parser's:
+    launchers/slurm_args.py, the one place)."""
 
     command: str
     config: str | None = None  # submit, pipeline
@@ -25,8 +26,8 @@ class Request:
     overrides: tuple[str, ...] = ()
     run_dir: str | None = None
     # resources (sbatch)
-    nodes: int = 1
-    gpus_per_node: int = 8
+    nodes: int | None = None
+    gpus_per_node: int | None = None
     tasks_per_node: int | None = None
     cpus_per_rank: int | None = None
     partition: str | None = None
@@ -36,25 +37,25 @@ class Request:
     constraint: str | None = None
     mem: str | None = None
     mail_user: str | None = None
-    mail_type: str = "END,FAIL,REQUEUE"
+    mail_type: str | None = None
     exclusive: bool = False
     job_name: str | None = None
     sbatch_arg: tuple[str, ...] = ()
     # launch
-    launch: str = "torchrun"
+    launch: str | None = None
     env: tuple[str, ...] = ()
     prologue: str | None = None
     python: str | None = None
-    signal_lead: int = 300
-    max_requeues: int = 20
-    gpu_mem_gb: float = 80.0
+    signal_lead: int | None = None
+    max_requeues: int | None = None
+    gpu_mem_gb: float | None = None
     skip_memory_check: bool = False
     dry_run: bool = False
     # pipeline: the preprocessing and evaluation jobs
     prep: str | None = None
-    prep_nodes: int = 1
-    prep_tasks_per_node: int = 1
-    prep_cpus: int = 8
+    prep_nodes: int | None = None
+    prep_tasks_per_node: int | None = None
+    prep_cpus: int | None = None
     prep_time: str | None = None
     prep_partition: str | None = None
     eval: str | None = None

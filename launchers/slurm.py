@@ -29,6 +29,7 @@ from launchers.slurm_args import parse
 from launchers.submit_checks import active_jobs, need_sbatch, prepared
 from leviathan_pretrain.cli import run_main
 from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.rundir.layout import RunLayout
 
 
 def submit_train(
@@ -165,7 +166,7 @@ def cmd_pipeline(req: Request) -> int:
         record(run_dir, eval_job, "eval", path, Path(config) if config else None, log, step_launch)
         print(
             f"submitted evaluation job {eval_job} (after training job {train_job} succeeds)\n"
-            f"  log: {log}\n  report: {run_dir / 'eval'}/<tag>.json"
+            f"  log: {log}\n  report: {RunLayout(run_dir).report('<tag>')}"
         )
     return 0
 

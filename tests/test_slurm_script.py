@@ -234,3 +234,30 @@ def test_overrides_may_follow_the_sweeps_configs_or_stand_between_options(data):
     p = slurm("submit", "--config", "configs/tiny-cpu-lev.yaml", "train.steps=7", "--gpus-per-node", "0", data,
               "--dry-run", "--bogus")  # fmt: skip
     assert p.returncode == 2 and "unrecognized arguments: --bogus" in p.stderr
+
+
+def test_a_refused_sbatch_removes_only_the_folder_it_just_made(tmp_path, monkeypatch):
+    """sbatch fails: the new ``RUN/slurm/<stamp>/`` (script, config) goes, nothing queued; the user's files beside
+    it, an earlier submission's folder and the run directory stay."""
+    from launchers.job_files import SbatchFailed, job_dir, run_sbatch, write_script
+    from leviathan_pretrain.config import load_config
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Invalid account' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    run = tmp_path / "run"
+    (run / "slurm" / "20260101T000000.000000").mkdir(parents=True)
+    earlier = run / "slurm" / "20260101T000000.000000" / "job.sbatch"
+    earlier.write_text("#!/bin/sh\n")
+    mine = [run / "notes.txt", run / "slurm" / "my-notes.txt"]
+    for f in mine:
+        f.write_text("the user's")
+    d, config = job_dir(run, load_config(REPO / "configs/tiny-cpu-lev.yaml"))
+    script = write_script(d, "#!/bin/sh\n")
+    assert config.is_file() and script.is_file()
+    with pytest.raises(SbatchFailed, match="Invalid account"):
+        run_sbatch(script)
+    assert not d.exists()
+    assert earlier.read_text() == "#!/bin/sh\n" and all(f.read_text() == "the user's" for f in mine)

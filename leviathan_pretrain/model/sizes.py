@@ -23,11 +23,20 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int =
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
+def lev_codebook_params(vocab_size: int, lev) -> int:
+    """LEV's shared digit codebooks ``k*b*d_seed`` (replicated over TP)."""
+    return lev.digits * lev.resolved_base(vocab_size) * lev.seed_dim
+
+
+def lev_head_params(hidden: int, lev) -> int:
+    """LEV's heads ``h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*D)`` (split over TP)."""
+    d = lev.seed_dim
+    return lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * hidden)
+
+
 def lev_input_params(vocab_size: int, hidden: int, lev) -> int:
     """Spec: ``k*b*d_seed + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*D)``."""
-    b = lev.resolved_base(vocab_size)
-    d = lev.seed_dim
-    return lev.digits * b * d + lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * hidden)
+    return lev_codebook_params(vocab_size, lev) + lev_head_params(hidden, lev)
 
 
 def _round_multiple(x: float, m: int = MATCH_MULTIPLE) -> int:
@@ -50,7 +59,7 @@ def factored_mlp_hidden(model) -> int:
     lev = model.lev
     d = lev.seed_dim
     budget = lev_input_params(model.vocab_size, model.hidden_size, lev)
-    codebooks = lev.digits * lev.resolved_base(model.vocab_size) * d
+    codebooks = lev_codebook_params(model.vocab_size, lev)
     return _round_multiple((budget - codebooks - 2 * d) / (d + model.hidden_size))
 
 

@@ -9,7 +9,8 @@ description of its shape, and whether the output head is its table (TIED).
 
 Adding a variant: write its layer (a ``torch.nn.Module`` with ``from_model(config, model_cfg, padded_vocab_size,
 tp_group)`` returning ``forward(input_ids [b, s], position_ids=None) -> [s, b, D]``; model/inputs.py has the
-helpers) and :func:`register` one entry here. ``tests/test_variants.py`` adds a toy variant that way.
+helpers) and :func:`register` one entry here. ``tests/test_model.py`` adds a toy variant
+(``tests/toy_variant.py``) that way.
 """
 
 from __future__ import annotations
@@ -82,8 +83,7 @@ def layer_class(variant: Variant):
 
 
 def _codebooks(m) -> int:
-    lev = m.lev
-    return lev.digits * lev.resolved_base(m.vocab_size) * lev.seed_dim
+    return sizes.lev_codebook_params(m.vocab_size, m.lev)
 
 
 # ---------------------------------------------------------------- the paper's variants
@@ -102,18 +102,12 @@ def _table(name: str, tied: bool) -> Variant:
     )
 
 
-def _lev_sharded(m) -> int:
-    lev, D = m.lev, m.hidden_size
-    d = lev.seed_dim
-    return lev.heads * (d * d + 2 * d + d * lev.knots * lev.rank + lev.rank * D)
-
-
 LEV = register(
     Variant(
         name="lev",
         layer="leviathan_pretrain.model.lev:LEVInput",
         # spec: k*b*d_seed (codebooks, replicated) + h*(d_seed^2 + 2*d_seed + d_seed*kappa*r + r*D) (heads, sharded)
-        params=lambda m, v_pad: InputParams(_codebooks(m), (_lev_sharded(m),)),
+        params=lambda m, v_pad: InputParams(_codebooks(m), (sizes.lev_head_params(m.hidden_size, m.lev),)),
         # no table: S (spline values) or W_out
         largest_tensor=lambda m, tp, v_pad: (
             m.lev.heads * m.lev.rank * max(m.lev.seed_dim * m.lev.knots, m.hidden_size) // tp
