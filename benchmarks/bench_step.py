@@ -235,6 +235,17 @@ def report_probe(r: dict) -> None:
     print(f"  profile of one step, sorted by {r['profile_sort']}:\n{r['profile']}")
 
 
+def loss_chunk(cfg, device) -> int | None:
+    """Tokens per chunk of our fused loss (``model.loss_chunk_tokens`` or the device's default); None: unfused."""
+    from leviathan_pretrain.model import sizes
+
+    m = cfg.model
+    if m.loss_impl != "fused":
+        return None
+    vocab = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
+    return sizes.loss_chunk_tokens(vocab, device.type, m.loss_chunk_tokens)
+
+
 def measure(cfg, device, args, label: str) -> dict:
     import torch
 
@@ -267,6 +278,7 @@ def measure(cfg, device, args, label: str) -> dict:
         "seq_length": cfg.model.seq_length,
         "ref_vocab": models["ref"].vocab_size,
         "ref_attention": models["ref"].model.config._attn_implementation,
+        "loss_chunk_tokens": loss_chunk(cfg, device),
         "clock": "process_time" if cpu else "wall (synchronised)",
         "pairs": args.pairs,
         "median_s": {k: statistics.median(v["clock"]) for k, v in times.items()},
@@ -304,7 +316,8 @@ def report(r: dict) -> None:
         f"\nstep time, ours (build_engine + train_step) vs bare PyTorch (HF LlamaForCausalLM, SDPA, torch AdamW): "
         f"{r['config']}, {r['device']}, {r['precision']}, ZeRO {r['zero_stage']}, global batch {r['global_batch']} "
         f"(micro {r['micro_batch']}) x seq {r['seq_length']}, reference vocabulary {r['ref_vocab']}; {r['pairs']} "
-        f"alternating pairs, clock: {r['clock']}"
+        f"alternating pairs, clock: {r['clock']}; our loss: "
+        + ("unfused" if r["loss_chunk_tokens"] is None else f"fused, {r['loss_chunk_tokens']} tokens a chunk")
     )
     head = f"{'median':>10} {'min':>10} {'wall median':>12} {'tokens/s':>12} {'TFLOP/s':>8} {'MFU':>7} {'loss 1st':>8}"
     print(f"  {'':6} {head}")

@@ -178,10 +178,11 @@ def run_worker(tp: int, args, data: str, env: dict) -> dict:
 
 
 def peak_memory_gib(run: Path) -> float | None:
-    """The trainer's last ``mem X GB`` console figure (GiB: ``torch.cuda.max_memory_allocated`` on a GPU, RSS
-    on a CPU) from the run's console log ``<run dir>.log`` (``benchmarks/gpu_check.sh`` writes it), if any."""
+    """The trainer's last ``mem X GiB`` console figure (``torch.cuda.max_memory_allocated`` on a GPU, RSS on a
+    CPU) from the run's console log ``<run dir>.log`` (``benchmarks/gpu_check.sh`` writes it), if any. Logs
+    written before the label said GiB print ``GB`` for the same 2**30-byte unit: both are read."""
     log = Path(str(run) + ".log")
-    found = re.findall(r"\| mem ([0-9.]+) GB \|", log.read_text(errors="replace")) if log.exists() else []
+    found = re.findall(r"\| mem ([0-9.]+) GiB? \|", log.read_text(errors="replace")) if log.exists() else []
     return float(found[-1]) if found else None
 
 
@@ -257,6 +258,9 @@ def _gib(x) -> str:
 
 
 def print_summary(rows: list[dict]) -> None:
+    if not rows:
+        print("no training runs to summarize")
+        return
     print(
         f"{'run':<40} {'variant':>8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'final loss':>10} "
         f"{'peak GiB':>9} {'plan GiB':>9}"
@@ -286,10 +290,13 @@ def report_md(rows: list[dict], attached: dict) -> str:
         out += [f"| {n} | {st} | {sec} |" for n, st, sec in attached["sections"]]
         out.append("")
     out += ["## Training runs (leviathan_pretrain.train)", ""]
-    out += [
-        "| run | variant | tokens/s | TFLOP/s | MFU | final loss | peak GiB | plan.py GiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    if rows:
+        out += [
+            "| run | variant | tokens/s | TFLOP/s | MFU | final loss | peak GiB | plan.py GiB |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+    else:
+        out.append("None in this check.")
     for r in rows:
         if "error" in r:
             out.append(f"| {Path(r['run']).name} | {r['variant']} | failed: {r['error']} | | | | | |")
@@ -307,12 +314,17 @@ def report_md(rows: list[dict], attached: dict) -> str:
             "## Stack vs bare PyTorch (bench_step.py: HF LlamaForCausalLM, SDPA, torch AdamW, same batches)",
             "",
         ]
-        out += ["| config | precision | micro x accum | ours tokens/s | ref tokens/s | ours MFU | ref MFU | ours/ref |"]
-        out += ["|---|---|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "| config | precision | micro x accum | ours loss chunk | ours tokens/s | ref tokens/s | ours MFU "
+            "| ref MFU | ours/ref |"
+        ]
+        out += ["|---|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in steps:
             mfu = r.get("mfu") or {}
+            chunk = r.get("loss_chunk_tokens", "?")  # JSONs before it was recorded: unknown
             out.append(
                 f"| {r['config']} | {r['precision']} | {r['micro_batch']} x {r['global_batch'] // r['micro_batch']} | "
+                f"{'unfused' if chunk is None else chunk} | "
                 f"{r['tokens_per_s']['ours']:,.0f} | {r['tokens_per_s']['ref']:,.0f} | {_pct(mfu.get('ours'))} | "
                 f"{_pct(mfu.get('ref'))} | {r['ratio_pairs']:.3f} |"
             )
@@ -357,7 +369,12 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--data", default=None, help="shard prefix (default: a synthetic Zipf shard)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per launch")
-    ap.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="summarize finished runs instead")
+    ap.add_argument(
+        "--summarize",
+        nargs="*",
+        metavar="RUN_DIR",
+        help="summarize finished runs instead (none: the attachments alone)",
+    )
     ap.add_argument("--attach", nargs="*", default=[], metavar="FILE", help="--summarize: bench_step JSONs, *.tsv")
     ap.add_argument("--json", metavar="PATH", help="--summarize: also write rows + attachments as JSON")
     ap.add_argument("--md", metavar="PATH", help="--summarize: also write a Markdown report")
@@ -373,7 +390,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    if args.summarize:
+    if args.summarize is not None:
         rows, attached = summarize(args.summarize, args.warmup), attachments(args.attach)
         print_summary(rows)
         if args.json:

@@ -25,16 +25,26 @@
 # recorded without losing the others; once BUDGET seconds are spent the rest are skipped, and say so. Exit status
 # 1 when a section failed or timed out (the summary says which), 2 on a usage / OUT error.
 # Environment: OUT, BUDGET (450; dry 600), SCALES ("400m 1.2b"; dry "tiny-cpu"), STEPS (per run: 20 at 400M,
-# 12 at 1.2B; dry 6), EXTRA (more key=value overrides for every run), KEEP_WORK.
+# 12 at 1.2B; dry 6; the first check's 1.2B runs took 400M's 20 by mistake), EXTRA (more key=value overrides for every run), STEP_EXTRA (more overrides for bench_step's
+# "ours" alone, e.g. model.loss_chunk_tokens=2048), SECTIONS (which of "train step variant lev-input" run, in that
+# order; default all; the others are recorded as skipped: a second run on what the first left out), KEEP_WORK.
+# The full default run needs ~430 s on an H200 (the first one: BUDGET 450 left out variant and lev-input).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 case "${1:-}" in
   --dry) DRY=1 ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu_check.sh [--dry]   (environment: OUT BUDGET SCALES STEPS EXTRA KEEP_WORK)" >&2
+  *) echo "usage: bash benchmarks/gpu_check.sh [--dry]   (environment: OUT BUDGET SCALES STEPS EXTRA STEP_EXTRA" \
+       "SECTIONS KEEP_WORK)" >&2
      exit 2 ;;
 esac
+ALL_SECTIONS="train step variant lev-input"
+SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
+for s in $SECTIONS; do
+  case " $ALL_SECTIONS " in *" $s "*) ;; *) echo "error: SECTIONS: unknown section '$s' (known: $ALL_SECTIONS)" >&2; exit 2 ;; esac
+done
+wanted() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT="${OUT:-runs/gpu_check}"
 # Never delete what this script did not create: OUT is replaced only when it carries our marker.
 if [ -e "$OUT" ] && [ ! -f "$OUT/.gpu_check-output" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
@@ -66,6 +76,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 RESERVE=20  # seconds kept for the summary
 
 say() { echo "[gpu_check] $*" | tee -a "$LOG"; }
+not_wanted() {  # not_wanted NAME: a section left out by SECTIONS, recorded as such
+  say "$1: skipped (not in SECTIONS=$SECTIONS)"
+  printf '%s\tskipped (SECTIONS)\t0\n' "$1" >> "$WORK/sections.tsv"
+}
 
 # section NAME CAP CMD...: CMD time-boxed to min(CAP, what is left of BUDGET), its output in $WORK/NAME.log and
 # appended to the log, its state in $WORK/sections.tsv; the key lines echoed. Returns CMD's status.
@@ -73,7 +87,9 @@ section() {
   local name=$1 cap=$2 left rc t state
   shift 2
   left=$((BUDGET - (SECONDS - T0) - RESERVE))
+  SKIPPED=0
   if [ "$left" -lt 15 ]; then
+    SKIPPED=1
     say "$name: skipped, ${BUDGET}s budget spent"
     printf '%s\tskipped (budget)\t0\n' "$name" >> "$WORK/sections.tsv"
     return 125
@@ -127,16 +143,16 @@ fi
 section install 90 bash -c install || say "error: the packages do not import (see the log); the sections that need them will fail"
 
 # ---- per-scale settings: micro-batch, global batch (accumulation 4), steps
-plan_scale() {  # plan_scale SCALE -> MICRO GLOBAL STEPS WARMUP SHAPE[]
+plan_scale() {  # plan_scale SCALE -> MICRO GLOBAL RUN_STEPS WARMUP SHAPE[] (STEPS, the caller's, stays as given)
   SHAPE=()
   case $1 in
-    400m) MICRO=16 STEPS="${STEPS_400M:-${STEPS:-20}}" ;;
-    1.2b) MICRO=8 STEPS="${STEPS_12B:-${STEPS:-12}}" ;;
+    400m) MICRO=16 RUN_STEPS="${STEPS_400M:-${STEPS:-20}}" ;;
+    1.2b) MICRO=8 RUN_STEPS="${STEPS_12B:-${STEPS:-12}}" ;;
     tiny-cpu)
-      MICRO=2 STEPS="${STEPS:-6}"
+      MICRO=2 RUN_STEPS="${STEPS:-6}"
       SHAPE=(model.vocab_size=512 model.hidden_size=64 model.num_layers=2 model.seq_length=64 model.lev.seed_dim=16
              model.lev.rank=8) ;;
-    *) MICRO=8 STEPS="${STEPS:-15}" ;;
+    *) MICRO=8 RUN_STEPS="${STEPS:-15}" ;;
   esac
   GLOBAL=$((4 * MICRO))
   WARMUP=$([ "$DRY" = 1 ] && echo 2 || echo 5)
@@ -151,8 +167,11 @@ common() {  # the overrides of every run at this scale
 read -r FIRST _ <<< "$SCALES"
 plan_scale "$FIRST"
 common
-TOKENS=$(( (STEPS + 10) * GLOBAL * 513 * 12 / 10 + 20000 ))
-section shard 90 "$PY" benchmarks/bench_train.py --lev "configs/$FIRST-lev.yaml" --write-shard "$WORK/data/zipf" \
+TOKENS=$(( (RUN_STEPS + 10) * GLOBAL * 513 * 12 / 10 + 20000 ))
+NEED_SHARD=0
+{ wanted train || wanted variant; } && NEED_SHARD=1
+[ "$NEED_SHARD" = 1 ] || not_wanted shard
+[ "$NEED_SHARD" = 0 ] || section shard 90 "$PY" benchmarks/bench_train.py --lev "configs/$FIRST-lev.yaml" --write-shard "$WORK/data/zipf" \
   --tokens "$TOKENS" "${COMMON[@]}"
 SHARD="$WORK/data/zipf"
 
@@ -160,11 +179,13 @@ RUNS=() ATTACH=()
 train() {  # train NAME CONFIG [overrides...]: one trainer run into $WORK/NAME (console log $WORK/NAME.log)
   local name=$1 config=$2 cap=$3
   shift 3
-  RUNS+=("$WORK/$name")
   section "$name" "$cap" "$PY" -m leviathan_pretrain.train --config "$config" "${COMMON[@]}" "$@" \
-    "data.prefixes=[$SHARD]" data.split=98,1,1 "train.out_dir=$WORK/$name" train.steps="$STEPS" \
+    "data.prefixes=[$SHARD]" data.split=98,1,1 "train.out_dir=$WORK/$name" train.steps="$RUN_STEPS" \
     train.eval_interval=0 logging.log_interval=5 logging.tensorboard=false checkpoint.save_interval=1000000 \
     checkpoint.resume=false
+  # the summary reads runs that started (a failed one is reported with its error); one skipped for the budget
+  # never existed and is only in the sections table
+  [ "$SKIPPED" = 1 ] || RUNS+=("$WORK/$name")
   rm -rf "$WORK/$name/checkpoints"  # the final checkpoint (GBs at 1.2B): ours, and not needed
 }
 
@@ -173,30 +194,33 @@ for SCALE in $SCALES; do
   plan_scale "$SCALE"
   common
   CAP=$([ "$SCALE" = 1.2b ] && echo 150 || echo 120)
-  train "$SCALE-tied" "configs/$SCALE-tied.yaml" "$CAP"
-  train "$SCALE-lev" "configs/$SCALE-lev.yaml" "$CAP"
+  if wanted train; then
+    train "$SCALE-tied" "configs/$SCALE-tied.yaml" "$CAP"
+    train "$SCALE-lev" "configs/$SCALE-lev.yaml" "$CAP"
+  else
+    not_wanted "$SCALE-tied"
+    not_wanted "$SCALE-lev"
+  fi
+  if ! wanted step; then
+    not_wanted "step-$SCALE"
+    continue
+  fi
   PROBE=()  # the LEV input path (first scale): host syncs and a profile of one step, in the same process
   [ "$SCALE" = "$FIRST" ] && PROBE=(--probe-config "configs/$SCALE-lev.yaml")
   ATTACH+=("$WORK/step-$SCALE.json")
+  # shellcheck disable=SC2086  # STEP_EXTRA: key=value words, split on purpose
   section "step-$SCALE" 120 "$PY" benchmarks/bench_step.py --config "configs/$SCALE-tied.yaml" --pairs "${PAIRS:-6}" \
-    --warmup 2 --breakdown --breakdown-pairs 2 "${PROBE[@]}" --json "$WORK/step-$SCALE.json" "${COMMON[@]}"
+    --warmup 2 --breakdown --breakdown-pairs 2 "${PROBE[@]}" --json "$WORK/step-$SCALE.json" "${COMMON[@]}" \
+    ${STEP_EXTRA:-}
 done
 
-# ---- 4. LEV's input layer alone (benchmarks/profile_lev_gpu.py, another helper's: chunk budget, the sync's cost)
-if [ ! -f benchmarks/profile_lev_gpu.py ]; then
-  printf 'lev-input\tskipped (no profile_lev_gpu.py)\t0\n' >> "$WORK/sections.tsv"
-elif [ "$DRY" = 1 ]; then
-  say "lev-input: dry: not run (GPU shapes; its own --device cpu smoke test is its author's)"
-  printf 'lev-input\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
-else
-  section lev-input 60 "$PY" benchmarks/profile_lev_gpu.py --scale "$FIRST" --reps 10
-fi
-
-# ---- 5. the GPU-only options (another helper's keys): skipped, logged, when this checkout does not know them
+# ---- 4. the GPU-only options (another helper's keys): skipped, logged, when this checkout does not know them
 plan_scale "$FIRST"
 common
 VARIANT=(model.compile=true model.activation_fusion=true)
-if ! "$PY" -c "import sys; from leviathan_pretrain.config import load_config; load_config(sys.argv[1], sys.argv[2:])" \
+if ! wanted variant; then
+  not_wanted variant
+elif ! "$PY" -c "import sys; from leviathan_pretrain.config import load_config; load_config(sys.argv[1], sys.argv[2:])" \
   "configs/$FIRST-lev.yaml" "${VARIANT[@]}" >> "$LOG" 2>&1; then
   say "variant: skipped, this checkout does not accept ${VARIANT[*]} (see the log)"
   printf 'variant\tskipped (unknown key)\t0\n' >> "$WORK/sections.tsv"
@@ -205,6 +229,18 @@ elif [ "$DRY" = 1 ]; then
   printf 'variant\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
 else
   train "${FIRST}_compile_fusion-lev" "configs/$FIRST-lev.yaml" 150 "${VARIANT[@]}"
+fi
+
+# ---- 5. LEV's input layer alone (benchmarks/profile_lev_gpu.py, another helper's: chunk budget, the sync's cost)
+if ! wanted lev-input; then
+  not_wanted lev-input
+elif [ ! -f benchmarks/profile_lev_gpu.py ]; then
+  printf 'lev-input\tskipped (no profile_lev_gpu.py)\t0\n' >> "$WORK/sections.tsv"
+elif [ "$DRY" = 1 ]; then
+  say "lev-input: dry: not run (GPU shapes; its own --device cpu smoke test is its author's)"
+  printf 'lev-input\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
+else
+  section lev-input 60 "$PY" benchmarks/profile_lev_gpu.py --scale "$FIRST" --reps 10
 fi
 
 # ---- 6. the summary (not time-boxed by BUDGET)

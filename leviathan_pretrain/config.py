@@ -35,7 +35,7 @@ class LEVConfig:
     spline_init_std: float = 0.1  # S = 1 + N(0, spline_init_std^2)
     out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
     token_chunk: int | None = None  # unique ids per chunk of the spline work; None -> sized by chunk_mib
-    # MiB of one chunk's work buffers (sizes.lev_chunk_ids); None -> per device: 48 on CPU, 256 on CUDA
+    # MiB of one chunk's work buffers (sizes.lev_chunk_ids); None -> per device: 48 on CPU, 512 on CUDA
     chunk_mib: float | None = None
     chunk_elements: int | None = None  # legacy (before chunk_mib): ids = chunk_elements // (heads/tp*d_seed*r)
     recompute: bool = True  # recompute chunk intermediates in backward instead of storing them

@@ -63,9 +63,10 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No dropout, no sequence
   parallelism, no activation recomputation (none is implemented).
 - **logits** (last stage, one micro-batch; :func:`logits_bytes`): ``model.loss_impl=fused`` (model/loss.py)
-  holds one chunk of c tokens (``sizes.loss_chunk_tokens``) at a time: ``c * V_pad / TP * (4 + e)`` (the e
-  GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state gradient ``e T D`` and, for e != 4,
-  the fp32 sum of the head weight's gradient plus one chunk's e product (``(4 + e) V_pad / TP * D``).
+  holds one chunk of c tokens (``sizes.loss_chunk_tokens``, balanced by ``sizes.balanced_chunk``) at a time:
+  ``c * V_pad / TP * (4 + e)`` (the e GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state
+  gradient ``e T D`` and, for e != 4, the fp32 sum of the head weight's gradient plus one chunk's e product
+  (``(4 + e) V_pad / TP * D``).
   ``megatron``: ``T * V_pad / TP * 4`` for the fp32 softmax ``vocab_parallel_cross_entropy`` keeps for
   backward, plus ``T * V_pad / TP * e`` for the e logits next to it (in fp32 the cast is a no-op).
 - **buffers**: DeepSpeed's gradient buckets, B = ``parallel.reduce_bucket_elements`` (5e8): ZeRO 0 flattens the
@@ -217,7 +218,7 @@ def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
     cast = e if e != 4 else 0  # the model-dtype logits next to their fp32 copy (none in fp32)
     if m.loss_impl == "megatron":
         return float(tokens * v * (4 + cast))
-    c = min(tokens, sizes.loss_chunk_tokens(v, device, m.loss_chunk_tokens))
+    c = sizes.balanced_chunk(tokens, sizes.loss_chunk_tokens(v, device, m.loss_chunk_tokens))
     return float(c * v * (4 + cast) + e * tokens * m.hidden_size + (4 + e) * v * m.hidden_size * (e != 4))
 
 

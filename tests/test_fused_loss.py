@@ -95,11 +95,22 @@ def test_bf16_logits_are_the_model_dtype_gemm_then_fp32():
 
 
 def test_chunk_size_follows_the_per_device_budget():
-    assert sizes.loss_chunk_tokens(200_064, "cuda") == 512 * 2**20 // (4 * 200_064) == 670
+    assert sizes.loss_chunk_tokens(200_064, "cuda") == 2 * 2**30 // (4 * 200_064) == 2683
     assert sizes.loss_chunk_tokens(200_064, "cpu") == 167
-    assert sizes.loss_chunk_tokens(100_032, "gpu") == 1341  # the planner's device name
+    assert sizes.loss_chunk_tokens(100_032, "gpu") == 5366  # the planner's device name
     assert sizes.loss_chunk_tokens(10**9, "cuda") == sizes.LOSS_CHUNK_MIN
     assert sizes.loss_chunk_tokens(200_064, "cuda", override=96) == 96
+
+
+@pytest.mark.parametrize("n,chunk", [(8192, 2683), (8192, 670), (10, 3), (45, 45), (45, 1000), (7, 1), (1, 64)])
+def test_chunks_are_as_few_as_the_limit_allows_and_balanced(n, chunk):
+    spans = fused._spans(n, chunk)
+    lengths = [hi - lo for lo, hi in spans]
+    assert spans[0][0] == 0 and spans[-1][1] == n and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert len(spans) == -(-n // chunk) and max(lengths) <= chunk and max(lengths) - min(lengths) <= 1
+    assert max(lengths) == sizes.balanced_chunk(n, chunk)  # what the planner counts
+    if (n, chunk) == (8192, 2683):
+        assert lengths == [2048] * 4  # the H200 check's measured chunk at 400M, V = 200,064
 
 
 @pytest.mark.parametrize(

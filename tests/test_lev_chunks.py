@@ -32,11 +32,11 @@ def test_chunk_is_the_device_budget_without_touching_cuda(monkeypatch):
     no_cuda_touch(monkeypatch)
     layer = lev_input(load_config(None, SPEC))
     cuda = BuildSettings(device="cuda", precision="bf16").torch_device
-    assert layer.chunk_for(cuda) == (256 * 2**20) // PER_ID == 341  # 256 MiB of work buffers on a GPU
+    assert layer.chunk_for(cuda) == (512 * 2**20) // PER_ID == 682  # 512 MiB of work buffers on a GPU
     assert layer.chunk_for(torch.device("cpu")) == 64  # the CPU keeps its chunk (the old 2**22-element rule: 64)
-    assert 341 * PER_ID <= sizes.LEV_CHUNK_BYTES["cuda"] < 342 * PER_ID
+    assert 682 * PER_ID <= sizes.LEV_CHUNK_BYTES["cuda"] < 683 * PER_ID
     lev = layer.lev
-    assert sizes.lev_chunk_ids(lev, 4, "cuda") == 682 and sizes.lev_chunk_ids(lev, 4, "cpu") == 128  # TP = 2
+    assert sizes.lev_chunk_ids(lev, 4, "cuda") == 1365 and sizes.lev_chunk_ids(lev, 4, "cpu") == 128  # TP = 2
     # explicit settings: the budget, the chunk itself, the legacy element rule (unchanged on every device)
     over = lambda *o: lev_input(load_config(None, [*SPEC, *o]))  # noqa: E731
     assert over("model.lev.chunk_mib=1024").chunk_for(cuda) == 1365
@@ -96,16 +96,16 @@ def test_budget_counts_the_measured_work_buffers():
 
 
 def test_budget_sized_chunks_equal_small_chunks():
-    """fp32, spec defaults: the GPU budget's chunk (341 ids: a full chunk and a tail of 59 here) and small chunks
+    """fp32, spec defaults: the GPU budget's chunk (682 ids: a full chunk and a tail of 118 here) and small chunks
     (29 ids, also with a tail) give the same output and the same gradient of every parameter."""
     g = torch.Generator().manual_seed(5)
-    ids = torch.randperm(50257, generator=g)[:400].view(2, 200)
+    ids = torch.randperm(50257, generator=g)[:800].view(4, 200)
     runs = {}
-    for name, over in {"gpu": "model.lev.chunk_mib=256", "small": "model.lev.token_chunk=29"}.items():
+    for name, over in {"gpu": "model.lev.chunk_mib=512", "small": "model.lev.token_chunk=29"}.items():
         torch.manual_seed(0)
         layer = lev_input(load_config(None, [*SPEC, over]))
         runs[name] = (layer.chunk_for("cpu"), layer(ids), layer)
-    assert [c for c, _, _ in runs.values()] == [341, 29]
+    assert [c for c, _, _ in runs.values()] == [682, 29]
     w = torch.randn(runs["gpu"][1].shape, generator=g)
     grads = {n: torch.autograd.grad((out * w).sum(), list(layer.parameters())) for n, (_, out, layer) in runs.items()}
     ref_out = runs["small"][1]

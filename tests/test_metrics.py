@@ -1,6 +1,7 @@
 """Monitoring: TensorBoard scalars read back with EventAccumulator, one writer rank, throughput/MFU math."""
 
 import math
+import re
 
 import pytest
 
@@ -17,7 +18,7 @@ REQUIRED = [
     "train/samples_consumed",
     "perf/step_time_s",
     "perf/tflops_per_device",
-    "memory/rss_gb",
+    "memory/rss_gib",
     "valid/loss",
     "valid/perplexity",
     "lev/u_edge_frac",
@@ -32,7 +33,7 @@ def test_throughput_and_mfu_math():
     assert "perf/mfu" not in throughput(tokens=1000, seconds=2.0, flops_per_token=6e6, world=2, peak=None)
     import torch
 
-    assert memory_stats(torch.device("cpu"))["memory/rss_gb"] > 0.01
+    assert memory_stats(torch.device("cpu"))["memory/rss_gib"] > 0.01
 
 
 def test_peak_flops_is_known_or_absent(monkeypatch):
@@ -88,4 +89,8 @@ def test_tensorboard_scalars_from_tp2_run():
     assert ea.Scalars("perf/tflops_per_device")[-1].value > 0 and ea.Scalars("train/samples_consumed")[-1].value == 160
     lines = [line for line in runs["outputs"][0].splitlines() if line.startswith("[train] step") and "tok/s" in line]
     assert len([line for line in lines if "loss" in line and "TFLOP/s" in line and "mfu" not in line]) >= 20
+    # the console's memory figure names its unit, GiB (2**30 bytes; it said GB before), as the logged value does
+    assert all(re.search(r"\| mem [0-9]+\.[0-9]{2} GiB \|", line) for line in lines), lines[-1]
+    logged = [r["memory/rss_gib"] for r in records("tp2") if "memory/rss_gib" in r]
+    assert logged and all(0.01 < x < 64 for x in logged)
     assert not any("tok/s" in line for line in runs["outputs"][1].splitlines())  # rank 1 prints nothing

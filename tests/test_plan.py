@@ -225,7 +225,8 @@ def test_fused_loss_holds_one_chunk_of_logits():
     )
     m, T, e = cfg.model, cfg.train.micro_batch_size * cfg.model.seq_length, 2
     v = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
-    c = sizes.loss_chunk_tokens(v, "cuda")
+    c = sizes.balanced_chunk(T, sizes.loss_chunk_tokens(v, "cuda"))  # 16,384 tokens in 7 chunks of <= 2,341
+    assert c == 2341
     assert fused.memory["logits"] == c * v * (4 + e) + e * T * m.hidden_size + (4 + e) * v * m.hidden_size
     assert unfused.memory["logits"] == T * v * (4 + e)
     assert unfused.memory["logits"] / fused.memory["logits"] > 5

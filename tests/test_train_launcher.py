@@ -81,6 +81,47 @@ def test_gpu_check_dry_run(tmp_path):
     assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout
 
 
+def _gpu_check_dry(out: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry"],
+        cwd=REPO,
+        env=base_env({"OUT": str(out), **env}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.multiproc
+def test_gpu_check_runs_the_sections_asked_for_and_summarizes_only_runs_that_started(tmp_path):
+    """A second GPU run takes what the first left out: SECTIONS picks sections (the rest recorded as skipped, no
+    training row for them), STEP_EXTRA reaches bench_step's "ours" (its loss chunk is recorded beside the ratio).
+    A training run skipped because the budget is spent is in the sections table only: the first H200 check
+    reported its skipped variant as 'failed: FileNotFoundError ... config.json'. An unknown section is refused."""
+    out = tmp_path / "sections"
+    proc = _gpu_check_dry(out, {"SECTIONS": "step variant", "STEP_EXTRA": "model.loss_chunk_tokens=48", "STEPS": "4"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    states = {name: state for name, state, _ in summary["sections"]}
+    assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == states["lev-input"] == "skipped (SECTIONS)"
+    assert states["step-tiny-cpu"] == "ok" and states["variant"] == "skipped (dry)" and summary["runs"] == []
+    (result,) = summary["results"]
+    assert result["step"]["loss_chunk_tokens"] == 48 and result["step"]["ratio_pairs"] > 0
+    md = (out / "summary.md").read_text()
+    assert "None in this check." in md and "| 48 |" in md and "FileNotFoundError" not in md
+
+    out = tmp_path / "budget"  # 34 s less the 20 kept for the summary: under the 15 a section needs, from the start
+    proc = _gpu_check_dry(out, {"BUDGET": "34", "SECTIONS": "train variant"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    states = {name: state for name, state, _ in summary["sections"]}
+    assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == "skipped (budget)", states
+    assert summary["runs"] == [] and "error" not in (out / "summary.md").read_text()
+
+    proc = _gpu_check_dry(tmp_path / "bad", {"SECTIONS": "train warp"})
+    assert proc.returncode == 2 and "unknown section 'warp'" in proc.stderr, proc.stderr
+
+
 def test_demo_fresh_and_gpu_check_never_delete_a_directory_they_did_not_create(tmp_path):
     """`leviathan_pretrain.demo --fresh` and gpu_check.sh replace only a directory carrying their own marker."""
     user = tmp_path / "out" / "train"

@@ -33,7 +33,12 @@ from leviathan_pretrain.model.tp import all_gather_dim0
 
 
 def _spans(n: int, chunk: int):
-    return [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
+    """``[lo, hi)`` spans over ``n`` tokens, each at most ``chunk`` long, as few as that allows, their lengths
+    differing by at most one (the longest is ``sizes.balanced_chunk(n, chunk)``)."""
+    k = max(1, -(-n // max(1, chunk)))
+    q, r = divmod(n, k)
+    bounds = [i * q + min(i, r) for i in range(k + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
 def _targets(labels: torch.Tensor, start: int, width: int):

@@ -122,9 +122,12 @@ def param_breakdown(model, tensor_parallel: int = 1) -> dict:
     return out
 
 
-# The fused loss (model/loss.py) computes the head's logits this many bytes of fp32 logits a chunk at a time
-# (per rank: the chunk x V_pad / tp slice); set ``model.loss_chunk_tokens`` to fix the chunk instead.
-LOSS_CHUNK_BYTES = {"cuda": 512 * 2**20, "cpu": 128 * 2**20}
+# The fused loss (model/loss.py) computes the head's logits at most this many bytes of fp32 logits a chunk at a
+# time (per rank: the chunk x V_pad / tp slice); set ``model.loss_chunk_tokens`` to fix the chunk instead.
+# CUDA: 2 GiB. Each chunk also reads and writes the head weight's [V, D] fp32 gradient sum, so few chunks pay:
+# on an H200 (400M TIED, V = 200,064, 8,192 tokens a micro-batch, gpu_check 2026-12-04) our step over a plain
+# Hugging Face Llama's was 1.271 with 670-token chunks (the old 512 MiB), 1.112 with 2,048, 1.071 with 8,192.
+LOSS_CHUNK_BYTES = {"cuda": 2 * 2**30, "cpu": 128 * 2**20}
 LOSS_CHUNK_MIN = 64
 
 
@@ -137,11 +140,23 @@ def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None
     return max(LOSS_CHUNK_MIN, budget // (4 * max(1, vocab_local)))
 
 
+def balanced_chunk(tokens: int, chunk: int) -> int:
+    """The longest chunk the fused loss walks ``tokens`` with under a ``chunk`` limit: as few chunks as the limit
+    allows, their lengths differing by at most one (8,192 tokens under 2,683: four of 2,048, not three of 2,683
+    and one of 143); ``model/loss.py``'s spans."""
+    if tokens <= 0:
+        return max(1, chunk)
+    n = -(-tokens // max(1, chunk))
+    return -(-tokens // n)
+
+
 # LEV's spline product (model/spline.py) walks the unique ids of a micro-batch this many bytes of work buffers
 # at a time (per rank: heads / tp heads); ``model.lev.chunk_mib`` sets the budget, ``model.lev.token_chunk`` the
 # chunk itself. CPU: 48 MiB = 64 ids at the spec's defaults (h 8, d_seed 128, kappa 16, r 64), cache-friendly
-# blocks. CUDA: few enough chunks (launch overhead: ~100 small kernels a chunk) with big enough kernels.
-LEV_CHUNK_BYTES = {"cuda": 256 * 2**20, "cpu": 48 * 2**20}
+# blocks. CUDA: few enough chunks (launch overhead: ~100 small kernels a chunk) with big enough kernels: 512 MiB
+# (682 ids). Measured on an H200 (benchmarks/profile_lev_gpu.py --scale 400m, 4,327 unique ids, forward +
+# backward per micro-batch, 2026-12-04): 48 MiB 75.5 ms, 128 MiB 33.0, 256 MiB 21.1, 512 MiB 14.6, 1 GiB 13.7.
+LEV_CHUNK_BYTES = {"cuda": 512 * 2**20, "cpu": 48 * 2**20}
 LEV_COORD_BYTES = 128  # per (id, head, coordinate): the basis's and its derivative's temporaries (measured 68-78)
 
 

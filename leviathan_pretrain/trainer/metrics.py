@@ -8,7 +8,8 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
   ``train/tokens_consumed``, ``perf/tokens_per_s``, ``perf/step_time_s``, ``perf/tflops_per_device``,
   ``perf/mfu`` (model FLOPs from ``model_flops_per_token`` incl. LEV's per-unique-id work, over the
   per-device peak of :func:`peak_flops` x devices; only where that peak is known: never on a CPU unless
-  ``logging.peak_flops`` is set), ``memory/cuda_max_allocated_gb`` (GPU) or ``memory/rss_gb`` (CPU),
+  ``logging.peak_flops`` is set), ``memory/cuda_max_allocated_gib`` (GPU) or ``memory/rss_gib`` (CPU), in GiB
+  (2**30 bytes; also the console line's ``mem``),
   ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
 - every validation: ``valid/loss``, ``valid/perplexity``
 
@@ -33,7 +34,7 @@ from leviathan_pretrain.config import ConfigError
 from leviathan_pretrain.rundir.train_log import LOG_NAME
 
 
-def rss_gb() -> float:
+def rss_gib() -> float:
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
@@ -46,10 +47,10 @@ def rss_gb() -> float:
 def memory_stats(device: torch.device) -> dict:
     if device.type == "cuda":
         return {
-            "memory/cuda_max_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-            "memory/rss_gb": rss_gb(),
+            "memory/cuda_max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "memory/rss_gib": rss_gib(),
         }
-    return {"memory/rss_gb": rss_gb()}
+    return {"memory/rss_gib": rss_gib()}
 
 
 def check_tensorboard(cfg) -> None:
@@ -176,14 +177,14 @@ class Metrics:
         if extra:
             self.scalars(step, extra)
             gn = rec["grad_norm"]
-            mem = extra.get("memory/cuda_max_allocated_gb", extra.get("memory/rss_gb", 0.0))
+            mem = extra.get("memory/cuda_max_allocated_gib", extra.get("memory/rss_gib", 0.0))
             print(
                 f"[train] step {step:>6}/{self.total_steps} | loss {rec['loss']:.4f} | "
                 f"ppl {extra['train/perplexity']:.2f} | lr {rec['lr']:.3e} | "
                 f"gnorm {gn if gn is None else f'{gn:.3f}'} | {extra['perf/tokens_per_s']:,.0f} tok/s | "
                 f"{extra['perf/step_time_s']:.3f} s/step | {extra['perf/tflops_per_device']:.3f} TFLOP/s | "
                 + (f"mfu {100 * extra['perf/mfu']:.2f}% | " if "perf/mfu" in extra else "")
-                + f"mem {mem:.2f} GB | skipped {rec['skipped_total']}",
+                + f"mem {mem:.2f} GiB | skipped {rec['skipped_total']}",
                 flush=True,
             )
 
