@@ -58,16 +58,17 @@ def _invalid_id(res: subprocess.CompletedProcess) -> bool:
 def slurm_state(job_id: str) -> dict:
     """The job's state as SLURM reports it now. Keys: ``state`` (e.g. ``RUNNING``; ``unknown`` when SLURM could not
     be asked or has forgotten the job), ``known`` (True / False: forgotten / None: could not ask), ``note`` (why
-    unknown), ``reason``, ``elapsed``, ``time_limit``, ``restarts`` (requeues), ``exit_code``, ``source``."""
-    keys = ("known", "note", "reason", "elapsed", "time_limit", "restarts", "exit_code", "source")
+    unknown), ``reason``, ``elapsed``, ``time_limit``, ``restarts`` (requeues), ``exit_code``, ``nodes`` (the node
+    list it runs or ran on, SLURM's compressed form, e.g. ``gpu[001-016]``; None before it starts), ``source``."""
+    keys = ("known", "note", "reason", "elapsed", "time_limit", "restarts", "exit_code", "nodes", "source")
     out = {"state": "unknown", **dict.fromkeys(keys)}
-    res, why = _slurm(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%M|%l"])
+    res, why = _slurm(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%M|%l|%N"])
     if res is None or (res.returncode != 0 and not _invalid_id(res)):
         return {**out, "note": why or _failure("squeue", res)}
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()] if res.returncode == 0 else []
     if lines:
-        state, reason, elapsed, limit = (lines[0].split("|") + [""] * 4)[:4]
-        out.update(state=state, known=True, source="squeue", elapsed=elapsed, time_limit=limit)
+        state, reason, elapsed, limit, nodes = (lines[0].split("|") + [""] * 5)[:5]
+        out.update(state=state, known=True, source="squeue", elapsed=elapsed, time_limit=limit, nodes=nodes or None)
         out["reason"] = None if reason in ("", "None") else reason
     scontrol, why = _slurm(["scontrol", "show", "job", str(job_id)])
     if scontrol is None or scontrol.returncode != 0:
@@ -83,6 +84,8 @@ def slurm_state(job_id: str) -> dict:
             fields[key] = val
     restarts, reason = fields.get("Restarts", ""), fields.get("Reason")
     out.update(restarts=int(restarts) if restarts.isdigit() else None, exit_code=fields.get("ExitCode"))
+    if fields.get("NodeList") not in (None, "", "(null)"):
+        out["nodes"] = fields["NodeList"]
     if not lines:
         out.update(state=fields.get("JobState", "unknown"), known=True, source="scontrol")
         out.update(elapsed=fields.get("RunTime"), time_limit=fields.get("TimeLimit"))
@@ -222,6 +225,7 @@ def _state_line(s: dict) -> str:
         text += f", elapsed {s['elapsed']} of {s['time_limit']}"
     else:
         text += f", exit code {s['exit_code']}, ran {s['elapsed']}"
+    text += f", on {s['nodes']}" if s.get("nodes") else ""
     return text + (f", requeued {s['restarts']}x" if s["restarts"] else "")
 
 

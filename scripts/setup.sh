@@ -25,10 +25,10 @@ TORCH_MIN="2.11"  # the oldest torch a run was checked on (the GPU check's 2.11;
 # Debian packages: Open MPI (mpi4py, multi-node preprocessing); g++ (DeepSpeed's JIT ops, torch.compile's C++ kernels on
 # the CPU: model.compile, model.activation_fusion); the Python docs and the GCIDE
 # dictionary (the multi-source test corpus, see data_prep/make_corpus.py); SLURM and munge (the tests start a
-# private single-node cluster: tests/slurm_cluster.py; on a real cluster the site's SLURM is used). One apt
+# private two-node cluster: tests/slurm_cluster.py; on a real cluster the site's SLURM is used). One apt
 # call: Open MPI (libpmix) is in place before any slurmd starts, or `srun --mpi=pmix` hangs.
 APT_PKGS="libopenmpi-dev openmpi-bin python3.11-doc dict-gcide g++"
-[ "$REQ" = requirements-test.txt ] && APT_PKGS="$APT_PKGS slurm-wlm munge"
+[ "$REQ" = requirements-test.txt ] && APT_PKGS="$APT_PKGS slurm-wlm munge iproute2"  # iproute2: the test nodes
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -264,10 +264,10 @@ def read_corpus():
 
 # Tests that share one process under pytest-xdist (scripts/test.sh runs two): a file's tests stay together (its
 # module fixtures are built once), and so do the files named here: the SLURM ones share the session's test cluster
-# (one per process would be two clusters on one node), the trainer ones share tests/workers/train_common.py's cached
+# (one per process would be two clusters), the trainer ones share tests/workers/train_common.py's cached
 # launches. The groups run first, the longest first.
 GROUPS = {
-    "slurm": ("test_repro_small.py", "test_slurm.py"),
+    "slurm": ("test_repro_small.py", "test_slurm.py", "test_slurm_cluster.py"),
     "trainer": (
         "test_checkpoint.py",
         "test_train.py",
@@ -321,18 +321,20 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    """A real single-node SLURM cluster (tests/slurm_cluster.py) for this session; ``SLURM_CONF`` points the client
-    commands at it. If it cannot start, every test using it fails with the reason (never skipped)."""
+    """A real two-node SLURM cluster (tests/slurm_cluster.py: each node a network namespace with its own address and
+    host name) for this session; ``SLURM_CONF`` points the client commands at it; the returned dict also names the
+    nodes (``LEV_TEST_NODES``, comma-separated). If it cannot start, every test using it fails with the reason
+    (never skipped); a cluster left by a killed session is cleaned first."""
     from tests import slurm_cluster
 
     state = Path(tempfile.mkdtemp(prefix="lev-slurm-"))
     try:
-        env = slurm_cluster.start(state)
+        env = slurm_cluster.start(state, nodes=2)
     except slurm_cluster.ClusterError as e:
         slurm_cluster.stop(state)
         pytest.fail(f"the test SLURM cluster did not start: {e}", pytrace=False)
     old = os.environ.get("SLURM_CONF")
-    os.environ.update(env)
+    os.environ["SLURM_CONF"] = env["SLURM_CONF"]
     try:
         yield env
     finally:

@@ -1,16 +1,18 @@
-"""``launchers.slurm`` against a real single-node SLURM cluster (Debian slurm-wlm; the ``slurm_cluster`` fixture).
+"""``launchers.slurm`` against a real two-node SLURM cluster (Debian slurm-wlm; the ``slurm_cluster`` fixture: each
+node its own network namespace, address and host name, tests/slurm_cluster.py).
 
-The jobs are submitted together at the start (SLURM runs them one after another on the 2 CPUs) by the ``jobs``
-fixture, which also preempts one of them the way SLURM does at a time limit (SIGUSR1 to every process of the job's
-steps: ``scancel --signal=USR1``, what ``--signal=USR1@LEAD`` sends); the tests then read what the jobs wrote.
+The jobs are submitted together at the start (SLURM runs them as the two nodes' 2 CPUs each allow) by the ``jobs``
+fixture, which also preempts one of them, a two-node job, the way SLURM does at a time limit (SIGUSR1 to every
+process of the job's steps: ``scancel --signal=USR1``, what ``--signal=USR1@LEAD`` sends); the tests then read
+what the jobs wrote. Every launch path runs across the two nodes and is compared with the same config on one node:
+torchrun (TP 2 across the nodes, preempted and requeued), srun (DP 2), the deepspeed launcher (TP 2), and the
+preprocessing job (MPI ranks on both nodes).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,8 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from launchers import sbatch
-from launchers.sbatch import Launch, Resources
 from tests.multiproc import REPO, base_env
 
 pytestmark = pytest.mark.multiproc
@@ -95,6 +95,7 @@ def tiny(minipile_shards, tokenizer_model) -> list[str]:
 
 
 CPU2 = ["--nodes", "1", "--gpus-per-node", "0", "--tasks-per-node", "2"]
+NODES2 = ["--nodes", "2", "--gpus-per-node", "0", "--tasks-per-node", "1"]  # one rank on each node
 NASTY = "a b'c\"$(touch PWNED);d %j"
 
 
@@ -106,8 +107,8 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
     out["srun"] = submitted(
         slurm("submit", "--config", lev, *CPU2, "--launch", "srun", "--run-dir", root / "srun", *tiny)
     )
-    out["torchrun"] = submitted(
-        slurm("submit", "--config", lev, *CPU2, "--launch", "torchrun", "--run-dir", root / "torchrun", *tiny)
+    out["torchrun"] = submitted(  # TP 2 across the nodes; preempted below, then compared with srun's
+        slurm("submit", "--config", lev, *NODES2, "--launch", "torchrun", "--run-dir", root / "torchrun", *tiny)
     )
     short = [t for t in tiny if not t.startswith(("train.steps", "train.eval"))] + [
         "train.steps=6",
@@ -127,16 +128,24 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
             *short,
         )
     )
-    out["deepspeed"] = submitted(
-        slurm("submit", "--config", lev, *CPU2, "--launch", "deepspeed", "--run-dir", root / "deepspeed", *short)
+    out["deepspeed"] = submitted(  # TP 2 across the nodes: compared with the sweep's tiny-cpu-lev (one node)
+        slurm("submit", "--config", lev, *NODES2, "--launch", "deepspeed", "--run-dir", root / "deepspeed", *short)
     )
+    dp = [t for t in short if not t.startswith(("parallel.tensor_parallel", "train.micro_batch_size"))]
+    dp += ["parallel.tensor_parallel=1", "train.micro_batch_size=2"]  # DP 2 x micro-batch 2 = global batch 4
+    for name, geometry in (("srun_dp_2n", NODES2), ("srun_dp_1n", CPU2)):
+        out[name] = submitted(
+            slurm("submit", "--config", lev, *geometry, "--launch", "srun", "--run-dir", root / name, *dp)
+        )
     prefix = root / "chain" / "data" / "val"
     p = slurm(
         "pipeline",
         "--prep",
         f"--input {minipile_dir / 'val.jsonl.zst'} --tokenizer {tokenizer_model} --output-prefix {prefix}",
-        "--prep-tasks-per-node",
+        "--prep-nodes",
         "2",
+        "--prep-tasks-per-node",
+        "1",
         "--prep-cpus",
         "1",
         "--eval",
@@ -185,16 +194,25 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
         assert time.monotonic() < deadline, "the torchrun job did not reach step 10"
         time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", out["torchrun"]], check=True, timeout=30)
-    names = ("srun", "torchrun", "deepspeed", "sweep", "prep", "chain", "eval", "nasty")
+    names = ("srun", "torchrun", "deepspeed", "srun_dp_2n", "srun_dp_1n", "sweep", "prep", "chain", "eval", "nasty")
     out["info"] = wait_jobs([out[k] for k in names])
     out["sweep_info"] = wait_jobs([f"{out['sweep']}_0", f"{out['sweep']}_1"])
     return out
 
 
-def test_submit_trains_with_srun_and_torchrun(jobs):
-    for launch in ("srun", "torchrun"):
+def two_nodes(slurm_cluster) -> str:
+    """The cluster's two node names in SLURM's compressed form, e.g. ``lev1a2bn[1-2]``."""
+    first, second = slurm_cluster["LEV_TEST_NODES"].split(",")
+    return f"{first[:-1]}[1-2]"
+
+
+def test_submit_trains_with_srun_and_torchrun(jobs, slurm_cluster):
+    for launch, nodes in (("srun", "1"), ("torchrun", "2")):
         info, run = jobs["info"][jobs[launch]], jobs["root"] / launch
         assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (launch, info, log_text(run)[-3000:])
+        assert info["NumNodes"] == nodes, info
+        if nodes == "2":  # one rank on each node: the tensor-parallel pair spans the nodes
+            assert info["NodeList"] == two_nodes(slurm_cluster) and f"2 node(s) {info['NodeList']}" in log_text(run)
         ls = losses(run)
         assert sorted(ls) == list(range(1, STEPS + 1))
         assert ls[STEPS][0] < ls[1][0] - 1.0, f"{launch}: the loss did not go down: {ls[1]} -> {ls[STEPS]}"
@@ -206,11 +224,25 @@ def test_submit_trains_with_srun_and_torchrun(jobs):
         assert "TP=2 PP=1 DP=1" in log_text(run)
 
 
-def test_submit_trains_with_the_deepspeed_launcher(jobs):
+def test_submit_trains_with_the_deepspeed_launcher(jobs, slurm_cluster):
     info, run = jobs["info"][jobs["deepspeed"]], jobs["root"] / "deepspeed"
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log_text(run)[-3000:]
+    assert info["NumNodes"] == "2" and info["NodeList"] == two_nodes(slurm_cluster), info
     assert sorted(losses(run)) == list(range(1, 7)) and "TP=2 PP=1 DP=1" in log_text(run)
-    assert list((run / "slurm").glob("hostfile-*"))  # DeepSpeed's hostfile, written from the node list
+    hostfile = next((run / "slurm").glob("hostfile-*")).read_text()  # DeepSpeed's, written from the node list
+    assert [line.split()[0] for line in hostfile.splitlines()] == slurm_cluster["LEV_TEST_NODES"].split(",")
+    # TP 2 across two nodes trains what TP 2 on one node trains (the sweep's tiny-cpu-lev, srun): bit for bit
+    assert losses(run) == losses(jobs["root"] / "sweep" / "tiny-cpu-lev")
+
+
+def test_srun_data_parallel_across_two_nodes_equals_one_node(jobs, slurm_cluster):
+    runs = {n: jobs["root"] / n for n in ("srun_dp_2n", "srun_dp_1n")}
+    for name, run in runs.items():
+        info = jobs["info"][jobs[name]]
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (name, info, log_text(run)[-3000:])
+        assert info["NumNodes"] == ("2" if name.endswith("2n") else "1") and "TP=1 PP=1 DP=2" in log_text(run)
+    assert sorted(losses(runs["srun_dp_2n"])) == list(range(1, 7))
+    assert losses(runs["srun_dp_2n"]) == losses(runs["srun_dp_1n"])  # the gradients' all-reduce: bit for bit
 
 
 def test_preempted_job_requeues_itself_and_resumes_exactly(jobs):
@@ -264,7 +296,7 @@ def test_requeue_limit_stops_and_says_so(slurm_cluster, tmp_path, tiny):
     assert [r["step"] for r in train_log(tmp_path) if r.get("event") == "resumed"] == [3]
 
 
-def test_sweep_array_and_prep_train_chain(jobs):
+def test_sweep_array_and_prep_train_chain(jobs, minipile_shards):
     root = jobs["root"]
     for i, name in enumerate(("tiny-cpu-lev", "tiny-cpu-tied")):
         assert jobs["sweep_info"][f"{jobs['sweep']}_{i}"]["JobState"] == "COMPLETED"
@@ -274,7 +306,11 @@ def test_sweep_array_and_prep_train_chain(jobs):
     prep, chain = jobs["info"][jobs["prep"]], jobs["info"][jobs["chain"]]
     assert prep["JobState"] == "COMPLETED" and chain["JobState"] == "COMPLETED", (prep, chain)
     assert chain["StartTime"] >= prep["EndTime"], (prep["EndTime"], chain["StartTime"])
-    assert (root / "chain" / "data" / "val.idx").is_file() and sorted(losses(root / "chain")) == list(range(1, 7))
+    assert prep["NumNodes"] == "2", prep  # one MPI rank on each node (srun --mpi=pmix)
+    for ext in (".bin", ".idx"):  # byte-identical to the single-process shards of the same file and tokenizer
+        got = (root / "chain" / "data" / f"val{ext}").read_bytes()
+        assert got == Path(minipile_shards["val"] + ext).read_bytes(), ext
+    assert sorted(losses(root / "chain")) == list(range(1, 7))
     ev = jobs["info"][jobs["eval"]]
     assert ev["JobState"] == "COMPLETED" and ev["StartTime"] >= chain["EndTime"], (ev, log_text(root / "chain")[-3000:])
     report = json.loads((root / "chain" / "eval" / "global_step6.json").read_text())
@@ -292,12 +328,15 @@ def test_nothing_injected(jobs):
     assert not list(REPO.glob("PWNED")) and not list(jobs["root"].rglob("PWNED")) and not Path("PWNED").exists()
 
 
-def test_status_reports_a_finished_run(jobs):
+def test_status_reports_a_finished_run(jobs, slurm_cluster):
     p = slurm("status", jobs["root"] / "torchrun", "--json")
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     text = json.dumps(rep)
     assert jobs["torchrun"] in text and f"global_step{STEPS}" in text
+    assert rep["job"]["slurm"]["nodes"] == two_nodes(slurm_cluster), rep["job"]["slurm"]
+    p = slurm("status", jobs["root"] / "torchrun")
+    assert p.returncode == 0 and f", on {two_nodes(slurm_cluster)}, requeued 1x" in p.stdout, p.stdout
 
 
 def test_unknown_partition_is_sbatchs_error(slurm_cluster, tmp_path, tiny):
@@ -306,62 +345,3 @@ def test_unknown_partition_is_sbatchs_error(slurm_cluster, tmp_path, tiny):
     )
     assert p.returncode == 1 and "error: sbatch refused the job: sbatch: error: invalid partition" in p.stderr.lower()
     assert not (tmp_path / "slurm" / "jobs.jsonl").exists()
-
-
-def test_two_nodes_per_node_command(slurm_cluster, tmp_path, tiny):
-    """The per-node command of a 2-node torchrun job, run twice here as node 0 and node 1, trains at world size 2."""
-    import yaml
-
-    from leviathan_pretrain.config import load_config, to_dict
-
-    cfg = load_config("configs/tiny-cpu-lev.yaml", [*tiny, "train.steps=4", "train.eval_interval=0"])
-    cfg.train.out_dir = str(tmp_path / "run")
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(to_dict(cfg)))
-    res = Resources(nodes=2, gpus_per_node=0, tasks_per_node=1)
-    script = sbatch.train_script(
-        res,
-        Launch(launch="torchrun", workdir=str(REPO)),
-        str(tmp_path / "run"),
-        str(config),
-        sbatch.log_pattern(tmp_path, "x"),
-    )
-    lines = script.splitlines()
-    body = lines[lines.index("set -uo pipefail") + 1 : next(i for i, x in enumerate(lines) if x.startswith("trap"))]
-    node_cmd = next(x for x in lines if x.startswith("NODE_CMD=("))
-    host = socket.gethostname().split(".")[0]
-    procs = []
-    for node in (0, 1):
-        env = base_env(
-            {
-                "SLURM_JOB_ID": "4242",
-                "SLURM_JOB_NUM_NODES": "2",
-                "SLURM_NNODES": "2",
-                "SLURM_JOB_NODELIST": f"{host},localhost",
-                "SLURM_NODEID": str(node),
-                "SLURM_PROCID": str(node),
-                "SLURM_NTASKS": "2",
-                "SLURM_LOCALID": "0",
-            }
-        )
-        cmd = "\n".join([*body, node_cmd, 'exec "${NODE_CMD[@]}"'])
-        procs.append(
-            subprocess.Popen(
-                ["bash", "-c", cmd],
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)[-4000:]
-    assert "TP=2 PP=1 DP=1" in "\n".join(outs)
-    assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
