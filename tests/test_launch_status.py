@@ -85,7 +85,8 @@ def test_json_values_read_back(tmp_path, capsys):
 def test_slurm_state_without_squeue():
     s = status.slurm_state("1234")
     assert (s["state"], s["known"], s["note"]) == ("unknown", None, "squeue not found")
-    assert set(s) == {"state", "known", "note", "reason", "elapsed", "time_limit", "restarts", "exit_code", "source"}
+    keys = {"state", "known", "note", "reason", "elapsed", "time_limit", "restarts", "exit_code", "nodes", "source"}
+    assert set(s) == keys and s["nodes"] is None
 
 
 def test_nothing_yet(tmp_path):
