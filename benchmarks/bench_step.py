@@ -83,6 +83,13 @@ class Ours:
     def step(self, mbs: list[dict]) -> float:
         return self.eng.train_step(mbs)[0]
 
+    def loss_chunk(self) -> int | None:
+        """The built model's fused-loss chunk limit in tokens (``model.loss_chunk_tokens`` or the device's
+        default); None: the unfused loss."""
+        # the piece that holds the head (TIED: the input layer; else the output layer) carries its options
+        opts = next(m.head_options for m in self.eng.module().modules() if hasattr(m, "head_options"))
+        return opts.chunk if opts.impl == "fused" else None
+
     def phases(self, mbs: list[dict], clock) -> dict:
         """``train_step``'s body (``ModelEngine``) with a clock between forward, backward and step."""
         eng, t = self.eng, {"forward": 0.0, "backward": 0.0, "step": 0.0}
@@ -235,17 +242,6 @@ def report_probe(r: dict) -> None:
     print(f"  profile of one step, sorted by {r['profile_sort']}:\n{r['profile']}")
 
 
-def loss_chunk(cfg, device) -> int | None:
-    """Tokens per chunk of our fused loss (``model.loss_chunk_tokens`` or the device's default); None: unfused."""
-    from leviathan_pretrain.model import sizes
-
-    m = cfg.model
-    if m.loss_impl != "fused":
-        return None
-    vocab = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
-    return sizes.loss_chunk_tokens(vocab, device.type, m.loss_chunk_tokens)
-
-
 def measure(cfg, device, args, label: str) -> dict:
     import torch
 
@@ -278,7 +274,7 @@ def measure(cfg, device, args, label: str) -> dict:
         "seq_length": cfg.model.seq_length,
         "ref_vocab": models["ref"].vocab_size,
         "ref_attention": models["ref"].model.config._attn_implementation,
-        "loss_chunk_tokens": loss_chunk(cfg, device),
+        "loss_chunk_tokens": models["ours"].loss_chunk(),
         "clock": "process_time" if cpu else "wall (synchronised)",
         "pairs": args.pairs,
         "median_s": {k: statistics.median(v["clock"]) for k, v in times.items()},

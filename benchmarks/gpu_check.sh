@@ -25,9 +25,10 @@
 # recorded without losing the others; once BUDGET seconds are spent the rest are skipped, and say so. Exit status
 # 1 when a section failed or timed out (the summary says which), 2 on a usage / OUT error.
 # Environment: OUT, BUDGET (450; dry 600), SCALES ("400m 1.2b"; dry "tiny-cpu"), STEPS (per run: 20 at 400M,
-# 12 at 1.2B; dry 6; the first check's 1.2B runs took 400M's 20 by mistake), EXTRA (more key=value overrides for every run), STEP_EXTRA (more overrides for bench_step's
-# "ours" alone, e.g. model.loss_chunk_tokens=2048), SECTIONS (which of "train step variant lev-input" run, in that
-# order; default all; the others are recorded as skipped: a second run on what the first left out), KEEP_WORK.
+# 12 at 1.2B; dry 6; the first check's 1.2B runs took 400M's 20 by mistake), EXTRA (more key=value overrides for
+# every run), STEP_EXTRA (more overrides for bench_step's "ours" alone, e.g. model.loss_chunk_tokens=2048),
+# SECTIONS (which of "train step variant lev-input" run, in that order; default all; the others are recorded as
+# skipped: a second run on what the first left out), KEEP_WORK.
 # The full default run needs ~430 s on an H200 (the first one: BUDGET 450 left out variant and lev-input).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,10 @@ esac
 ALL_SECTIONS="train step variant lev-input"
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 for s in $SECTIONS; do
-  case " $ALL_SECTIONS " in *" $s "*) ;; *) echo "error: SECTIONS: unknown section '$s' (known: $ALL_SECTIONS)" >&2; exit 2 ;; esac
+  case " $ALL_SECTIONS " in
+    *" $s "*) ;;
+    *) echo "error: SECTIONS: unknown section '$s' (known: $ALL_SECTIONS)" >&2; exit 2 ;;
+  esac
 done
 wanted() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT="${OUT:-runs/gpu_check}"
@@ -168,11 +172,12 @@ read -r FIRST _ <<< "$SCALES"
 plan_scale "$FIRST"
 common
 TOKENS=$(( (RUN_STEPS + 10) * GLOBAL * 513 * 12 / 10 + 20000 ))
-NEED_SHARD=0
-{ wanted train || wanted variant; } && NEED_SHARD=1
-[ "$NEED_SHARD" = 1 ] || not_wanted shard
-[ "$NEED_SHARD" = 0 ] || section shard 90 "$PY" benchmarks/bench_train.py --lev "configs/$FIRST-lev.yaml" --write-shard "$WORK/data/zipf" \
-  --tokens "$TOKENS" "${COMMON[@]}"
+if wanted train || wanted variant; then  # the step bench and lev-input make their own tokens
+  section shard 90 "$PY" benchmarks/bench_train.py --lev "configs/$FIRST-lev.yaml" --write-shard "$WORK/data/zipf" \
+    --tokens "$TOKENS" "${COMMON[@]}"
+else
+  not_wanted shard
+fi
 SHARD="$WORK/data/zipf"
 
 RUNS=() ATTACH=()

@@ -166,7 +166,8 @@ def destroy(nodes: Nodes) -> None:
     _record_path(nodes.tag).unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, which nothing here reaps, is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"
@@ -182,6 +183,6 @@ def stale() -> list[Nodes]:
             nodes = Nodes(**json.loads(rec.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        if nodes.owner and not _alive(nodes.owner):
+        if nodes.owner and not alive(nodes.owner):
             out.append(nodes)
     return out

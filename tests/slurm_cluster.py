@@ -257,18 +257,18 @@ def stop(state: Path, timeout: float = 20.0, nodes: netns_nodes.Nodes | None = N
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(netns_nodes.alive(p) for p in pids):
         time.sleep(0.2)
     in_nodes = [p for name in (nodes.names if nodes else []) for p in netns_nodes.pids(name)]
     for pid in pids + _processes_of(state / "slurm.conf") + in_nodes:  # any slurmstepd or job process left
-        if _alive(pid):
+        if netns_nodes.alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     if nodes is not None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(_alive(p) for p in in_nodes):
+        while time.monotonic() < deadline and any(netns_nodes.alive(p) for p in in_nodes):
             time.sleep(0.2)
         netns_nodes.destroy(nodes)
 
@@ -289,14 +289,6 @@ def _processes_of(conf: Path) -> list[int]:
             except OSError:
                 pass
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie (nothing reaps it) is gone
-    except (OSError, IndexError):
-        return False
 
 
 def main(argv: list[str]) -> int:

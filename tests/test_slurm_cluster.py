@@ -71,11 +71,17 @@ def _orphan_then_clean(code: str, state: Path, slurm_cluster: dict) -> None:
         time.sleep(0.5)
     assert _sleeps(orphan.names[1]), "the job's task did not start on the second node"
     in_nodes = [pid for name in orphan.names for pid in netns_nodes.pids(name)]
+    hosts_before = Path("/etc/hosts").read_text().splitlines()
+    others = [p for p in netns_nodes.REGISTRY.iterdir() if p.name != f"{orphan.tag}.json"]  # this session's record
     assert _leftovers(orphan) and orphan in netns_nodes.stale()
 
     assert orphan.tag in cluster.clean_stale()
     assert _leftovers(orphan) == []
-    assert not [pid for pid in in_nodes if cluster._alive(pid)]
+    # only what the orphan's record names went: every other /etc/hosts line (this session's nodes, localhost)
+    # and every other file in the registry folder stay, byte for byte
+    assert Path("/etc/hosts").read_text().splitlines() == [x for x in hosts_before if not x.endswith(orphan.hosts_mark)]
+    assert others and all(p.exists() for p in others)
+    assert not [pid for pid in in_nodes if netns_nodes.alive(pid)]
     assert not cluster._processes_of(state / "slurm.conf")  # no daemon of it (munged included) either
     # this session's cluster was not stale, and still runs jobs on both nodes
     names = slurm_cluster["LEV_TEST_NODES"].split(",")

@@ -45,6 +45,17 @@ def test_nothing_to_run_is_a_usage_error():
     assert proc.returncode == 2 and "nothing to run" in proc.stderr
 
 
+def _gpu_check_dry(out: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry"],
+        cwd=REPO,
+        env=base_env({"OUT": str(out), **env}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.multiproc
 def test_gpu_check_dry_run(tmp_path):
     """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry): the synthetic shard, bf16 training
@@ -55,10 +66,7 @@ def test_gpu_check_dry_run(tmp_path):
     out.mkdir()
     (out / ".gpu_check-output").touch()
     (out / "old.log").write_text("an earlier check's")
-    env = base_env({"OUT": str(out), "STEPS": "4", "SCALES": "tiny-cpu nosuch"})
-    proc = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
-    )
+    proc = _gpu_check_dry(out, {"STEPS": "4", "SCALES": "tiny-cpu nosuch"}, timeout=400)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: the nosuch scale's sections failed
     assert sorted(p.name for p in out.iterdir()) == [".gpu_check-output", "gpu_check.log", "summary.json", "summary.md"]
     summary = json.loads((out / "summary.json").read_text())
@@ -79,17 +87,6 @@ def test_gpu_check_dry_run(tmp_path):
     assert probe["config"] == "configs/tiny-cpu-lev.yaml" and "aten::" in probe["profile"]
     assert "configs/nosuch-tied.yaml" in (out / "gpu_check.log").read_text()  # the failure's own words, not hidden
     assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout
-
-
-def _gpu_check_dry(out: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh", "--dry"],
-        cwd=REPO,
-        env=base_env({"OUT": str(out), **env}),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.mark.multiproc
@@ -142,13 +139,6 @@ def test_demo_fresh_and_gpu_check_never_delete_a_directory_they_did_not_create(t
     other = tmp_path / "gpu"
     other.mkdir()
     (other / "results.csv").write_text("mine")
-    proc = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh", "--dry"],
-        cwd=REPO,
-        env=base_env({"OUT": other}),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _gpu_check_dry(other, {}, timeout=120)
     assert proc.returncode == 2 and "not written by gpu_check.sh" in proc.stderr, proc.stderr
     assert (other / "results.csv").read_text() == "mine"

@@ -29,16 +29,10 @@ from __future__ import annotations
 import torch
 
 from leviathan_pretrain.model.settings import group_rank, group_size
+from leviathan_pretrain.model.sizes import loss_spans
 from leviathan_pretrain.model.tp import all_gather_dim0
 
-
-def _spans(n: int, chunk: int):
-    """``[lo, hi)`` spans over ``n`` tokens, each at most ``chunk`` long, as few as that allows, their lengths
-    differing by at most one (the longest is ``sizes.balanced_chunk(n, chunk)``)."""
-    k = max(1, -(-n // max(1, chunk)))
-    q, r = divmod(n, k)
-    bounds = [i * q + min(i, r) for i in range(k + 1)]
-    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+_spans = loss_spans  # [lo, hi) token spans of at most ``chunk``, as few as that allows, of near-equal length
 
 
 def _targets(labels: torch.Tensor, start: int, width: int):

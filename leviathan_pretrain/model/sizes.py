@@ -140,14 +140,19 @@ def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None
     return max(LOSS_CHUNK_MIN, budget // (4 * max(1, vocab_local)))
 
 
+def loss_spans(tokens: int, chunk: int) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` spans the fused loss (model/loss.py) walks ``tokens`` in under a ``chunk`` limit: as few as
+    the limit allows, their lengths differing by at most one (8,192 tokens under 2,683: four of 2,048, not three
+    of 2,683 and one of 143)."""
+    k = max(1, -(-tokens // max(1, chunk)))
+    q, r = divmod(tokens, k)
+    bounds = [i * q + min(i, r) for i in range(k + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+
+
 def balanced_chunk(tokens: int, chunk: int) -> int:
-    """The longest chunk the fused loss walks ``tokens`` with under a ``chunk`` limit: as few chunks as the limit
-    allows, their lengths differing by at most one (8,192 tokens under 2,683: four of 2,048, not three of 2,683
-    and one of 143); ``model/loss.py``'s spans."""
-    if tokens <= 0:
-        return max(1, chunk)
-    n = -(-tokens // max(1, chunk))
-    return -(-tokens // n)
+    """The longest of :func:`loss_spans` (what the planner counts); ``chunk`` when there are no tokens."""
+    return max((hi - lo for lo, hi in loss_spans(tokens, chunk)), default=max(1, chunk))
 
 
 # LEV's spline product (model/spline.py) walks the unique ids of a micro-batch this many bytes of work buffers
