@@ -12,8 +12,9 @@ The script of a training job:
 2. the environment (defaults a cluster user expects, then ``--env`` overrides), the rendezvous on the first
    host of ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at port ``29500 + job id % 20000``;
 3. ``NODE_CMD=(...)``, the command each ``srun`` task runs, and the ``srun`` line;
-4. the requeue rule: exit 75 (the trainer stopped with a checkpoint) -> ``scontrol requeue`` while
-   ``$SLURM_RESTART_COUNT < MAX_REQUEUES``; any other exit code is the job's.
+4. the requeue rule: exit 75 (the trainer stopped with a checkpoint) or 76 (it lost a peer: a dead node, a cut
+   network, a stalled rank) -> ``scontrol requeue`` while ``$SLURM_RESTART_COUNT < MAX_REQUEUES``; any other exit
+   code is the job's. The training step runs with ``srun --kill-on-bad-exit=1``: one failed task ends the others.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from launchers.records import LOGS_DIR
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
+from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHES = ("torchrun", "srun", "deepspeed")
+# The training step ends when one task fails: srun kills the others at once (a rank that lost its peer exits
+# within a second; the rest would otherwise keep the job RUNNING until SLURM declares a dead node DOWN).
+STEP_OPTS = "--kill-on-bad-exit=1"
 
 
 @dataclass
@@ -171,7 +175,7 @@ def node_command(res: Resources, launch: Launch, config: str) -> tuple[list[str]
     train = ["-m", "leviathan_pretrain.train", "--config", q(config)]
     if launch.launch == "srun":  # one task per rank; the trainer reads SLURM_PROCID / SLURM_NTASKS
         cmd = [py, *train]
-        srun = f'srun --nodes={res.nodes} --ntasks-per-node={res.ranks_per_node} "${{NODE_CMD[@]}}"'
+        srun = f'srun {STEP_OPTS} --nodes={res.nodes} --ntasks-per-node={res.ranks_per_node} "${{NODE_CMD[@]}}"'
     elif launch.launch == "torchrun":  # one task per node running torchrun (see launchers/torchrun_node.py)
         cmd = [
             py,
@@ -185,9 +189,9 @@ def node_command(res: Resources, launch: Launch, config: str) -> tuple[list[str]
             "--max-restarts=0",
             *train,
         ]
-        srun = f'srun --nodes={res.nodes} --ntasks-per-node=1 "${{NODE_CMD[@]}}"'
+        srun = f'srun {STEP_OPTS} --nodes={res.nodes} --ntasks-per-node=1 "${{NODE_CMD[@]}}"'
     elif launch.launch == "deepspeed":  # DeepSpeed's runner in the batch shell; it starts `srun -n WORLD`
-        srun_args = f"--ntasks-per-node={res.ranks_per_node} --cpus-per-task={res.cpus}"
+        srun_args = f"{STEP_OPTS} --ntasks-per-node={res.ranks_per_node} --cpus-per-task={res.cpus}"
         cmd = [
             py,
             "-m",
@@ -219,21 +223,41 @@ HOSTFILE = [
 REQUEUE = """\
 rc=$?
 restarts=${SLURM_RESTART_COUNT:-0}
-if [ "$rc" -eq @REQUEUE@ ]; then
+# From here on no command substitution: a SIGTERM arriving inside one (SLURM ends a job whose node failed)
+# breaks bash's trap ("unexpected EOF while looking for matching `)'") and the lines after it.
+TZ=UTC0 printf -v now '%(%FT%TZ)T' -1
+case "$rc" in
+  @REQUEUE@) why="stopped with a checkpoint (exit @REQUEUE@)" ;;
+  @PEER_LOST@) why="lost a peer (exit @PEER_LOST@: a node died, the network was cut or a rank stalled; the line \
+'[rank N on HOST] lost a peer' above names it)" ;;
+  *) why="" ;;
+esac
+if [ -n "$why" ]; then
   if [ "$restarts" -lt "$MAX_REQUEUES" ]; then
-    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit @REQUEUE@): requeueing job $SLURM_JOB_ID" \\
-         "(requeue $((restarts + 1)) of at most $MAX_REQUEUES); it resumes from the latest checkpoint"
+    echo "[launch] $now $why: requeueing job $SLURM_JOB_ID (requeue $((restarts + 1)) of at most $MAX_REQUEUES);" \
+         "it resumes from the latest complete checkpoint"
     if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi  # SLURM ends this run and queues the job again
-    echo "[launch] scontrol requeue failed: resubmit the same command to resume from the checkpoint"
+    if [ "$term" = 1 ]; then
+      echo "[launch] SLURM is ending this job itself (a node failure: it requeues the job, --requeue)"
+    else
+      echo "[launch] scontrol requeue failed: resubmit the same command to resume from the checkpoint"
+    fi
   else
-    echo "[launch] $(date -u +%FT%TZ) stopped with a checkpoint (exit @REQUEUE@), but this job was already requeued" \\
-         "$restarts times (--max-requeues $MAX_REQUEUES): not requeueing; resubmit the same command to resume"
+    echo "[launch] $now $why, but this job was already requeued $restarts times (--max-requeues" \
+         "$MAX_REQUEUES): not requeueing; resubmit the same command to resume"
   fi
-  exit @REQUEUE@
+  exit "$rc"
 fi
-echo "[launch] $(date -u +%FT%TZ) training exited with code $rc$([ "$rc" -ne 0 ] && echo ' (not requeued)')"
+if [ "$rc" -eq 0 ]; then
+  echo "[launch] $now training exited with code 0"
+elif [ "$term" = 1 ]; then
+  echo "[launch] $now training exited with code $rc after SLURM ended the job (a node failure: SLURM requeues" \
+       "it itself, --requeue; scancel: it stays ended)"
+else
+  echo "[launch] $now training exited with code $rc (not requeued)"
+fi
 exit "$rc"
-""".replace("@REQUEUE@", str(EXIT_REQUEUE))
+""".replace("@REQUEUE@", str(EXIT_REQUEUE)).replace("@PEER_LOST@", str(EXIT_PEER_LOST))
 
 
 def train_script(
@@ -277,7 +301,8 @@ def train_script(
     lines += [
         # The batch shell outlives the ranks: SIGTERM (preemption, scancel) and a stray SIGUSR1 wait for srun,
         # whose ranks checkpoint and exit 75; the requeue rule below then runs.
-        "trap 'echo \"[launch] batch shell got SIGTERM: waiting for the ranks to checkpoint\"' TERM",
+        "term=0",
+        "trap 'term=1; echo \"[launch] batch shell got SIGTERM: waiting for the ranks to checkpoint\"' TERM",
         "trap 'echo \"[launch] batch shell got SIGUSR1\"' USR1",
         'echo "[launch] $(date -u +%FT%TZ) job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)):'
         ' $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT, run $RUN_DIR"',

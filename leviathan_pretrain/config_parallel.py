@@ -48,8 +48,8 @@ class ParallelConfig:
     overlap_comm: bool | None = None  # ZeRO 1/2: reduce gradients during backward; null: true on CUDA, false on CPU
     reduce_bucket_elements: int = 500_000_000  # ZeRO 1-3 reduce bucket (GPU: 2 of them with overlap_comm)
     allgather_bucket_elements: int = 500_000_000  # ZeRO 1/2 and BF16_Optimizer weight all-gather chunk
-    timeout_minutes: float = 10.0  # TP/PP/DP collectives of the training steps: a hung rank fails the job
-    init_timeout_minutes: float = 60.0  # the world group: start-up (data checks, index build), checkpoint barriers
+    timeout_minutes: float = 10.0  # every collective of the training steps (TP/PP/DP groups, the per-step stop vote)
+    init_timeout_minutes: float = 60.0  # start-up (data checks, index build) and checkpoint saves
 
     def validate(self, prefix: str) -> None:
         require(self.tensor_parallel >= 1, f"{prefix}.tensor_parallel", "must be >= 1")

@@ -13,7 +13,6 @@ One code path for every launcher and machine:
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import tempfile
@@ -171,10 +170,12 @@ def init_distributed(pcfg: ParallelConfig) -> DistEnv:
     """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent (a call with another
     TP/PP layout rebuilds megatron-core's groups).
 
-    Two timeouts: the world group (start-up checks, megatron's index build barrier, checkpoint barriers,
-    the per-step stop vote) waits ``parallel.init_timeout_minutes``, since rank 0 may work alone there for a
-    long time at Pile scale; megatron-core's TP/PP/DP groups, which carry every training step's collectives,
-    time out after ``parallel.timeout_minutes`` (a hung rank fails the job then)."""
+    Two timeouts: the world group starts with ``parallel.init_timeout_minutes`` (start-up checks, megatron's
+    index build barrier: rank 0 may work alone there for a long time at Pile scale); megatron-core's TP/PP/DP
+    groups, which carry every training step's collectives, time out after ``parallel.timeout_minutes`` (a hung
+    rank or a cut network fails the job then). Once set-up is done the trainer sets every group, the world group
+    (the per-step stop vote) included, to ``timeout_minutes`` (:func:`set_group_timeouts`), and to
+    ``init_timeout_minutes`` for the length of a checkpoint save."""
     for k, v in discover_rank_env().items():
         os.environ.setdefault(k, v)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -207,10 +208,25 @@ def init_distributed(pcfg: ParallelConfig) -> DistEnv:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=pcfg.tensor_parallel,
             pipeline_model_parallel_size=pcfg.pipeline_parallel,
-            distributed_timeout_minutes=max(1, math.ceil(pcfg.timeout_minutes)),
+            distributed_timeout_minutes=pcfg.timeout_minutes,  # a timedelta's minutes: fractions hold
             create_gloo_process_groups=device.type == "cuda",
         )
     return DistEnv(rank, world, local_rank, device, backend)
+
+
+def set_group_timeouts(minutes: float) -> None:
+    """This rank's timeout for the collectives of every process group it belongs to, from now on (local: no
+    collective): the world group, megatron-core's TP/PP/DP groups and any DeepSpeed made (its pipeline groups
+    start with torch's 30-minute gloo default). torch's ``_set_pg_timeout``, which megatron-core's
+    ``update_pg_timeout`` wraps with a barrier and an unconditional ``torch.cuda.synchronize()`` (it fails on a
+    CPU-only build)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):
+        try:
+            _set_pg_timeout(timedelta(minutes=minutes), group)
+        except ValueError:  # not a member (never registered as one, but be safe)
+            pass
 
 
 @dataclass(frozen=True)

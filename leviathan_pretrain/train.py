@@ -4,7 +4,8 @@ Run it under any launcher that sets the usual rank variables (``torchrun``, ``de
 ``mpirun``, ``launchers/local.py``) or as one plain process. Re-running the same command continues from
 ``<checkpoint.dir>/latest``. Exit codes: 0 done, 2 bad config/data, 3 diverged (too many non-finite
 steps), 75 stopped early with a checkpoint (signal, ``train.exit_at_step``, ``train.exit_after_minutes``):
-re-run to continue. See the README section "Training".
+re-run to continue; 76 lost a peer rank (re-run to resume from the latest checkpoint). See the README section
+"Training".
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ EPILOG = """examples:
 exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary too); 3 diverged
             (train.max_bad_steps consecutive NaN/Inf steps); 75 stopped early with a checkpoint (SIGTERM/SIGUSR1,
             train.exit_at_step, train.exit_after_minutes): run the same command again to continue (also on
-            another number of nodes: the data-parallel size may change); 1 any other error (one rank's
-            error ends every rank at once, no hang until the collective timeout)"""
+            another number of nodes: the data-parallel size may change); 76 lost a peer (a rank's connection
+            closed, or a collective timed out after parallel.timeout_minutes: a dead node, a cut network, a
+            stalled rank; the line names the rank and host): run again to resume from the latest checkpoint;
+            1 any other error (one rank's error ends every rank at once, no hang until the collective timeout)"""
 
 
 def build_parser() -> argparse.ArgumentParser:

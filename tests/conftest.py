@@ -267,7 +267,7 @@ def read_corpus():
 # (one per process would be two clusters), the trainer ones share tests/workers/train_common.py's cached
 # launches. The groups run first, the longest first.
 GROUPS = {
-    "slurm": ("test_repro_small.py", "test_slurm.py", "test_slurm_cluster.py"),
+    "slurm": ("test_repro_small.py", "test_slurm.py", "test_slurm_faults.py", "test_slurm_cluster.py"),
     "trainer": (
         "test_checkpoint.py",
         "test_train.py",

@@ -105,6 +105,7 @@ def _write_conf(state: Path, host: str, nodes: netns_nodes.Nodes) -> Path:
                 "ReturnToService=2",
                 "MinJobAge=600",
                 "KillWait=10",
+                "SlurmdTimeout=30",  # a lost node is DOWN (its jobs ended, requeued) after 30 s, not the default 300
                 "SchedulerParameters=sched_interval=1",
                 "SlurmctldDebug=info",
                 "SlurmdDebug=info",

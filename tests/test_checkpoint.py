@@ -4,6 +4,7 @@ write, SIGTERM -> checkpoint + exit 75, weights-only loading, RNG state round tr
 import json
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -295,7 +296,50 @@ def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path):
     assert elapsed < 80, elapsed  # start-up ~20 s; no timeout waited out
     assert "[rank 1] error: " in res[1].output and "token id" in res[1].output
     assert sum("token id 1000000" in r.output for r in res) == 1  # printed once
-    assert "[rank 0] stopping: another rank exited" in res[0].output and "Traceback" not in res[0].output
+    lost = re.search(
+        r"\[rank 0 on \S+\] lost a peer in step 3: a peer's connection closed: .*\(rank 1 on ",
+        res[0].output,
+    )
+    assert lost and "Traceback" not in res[0].output, res[0].output[-3000:]  # one line naming the rank it lost
+
+
+@pytest.mark.multiproc
+def test_a_stalled_rank_ends_its_peer_after_the_step_timeout(tmp_path):
+    """Rank 1 of 2 stops (SIGSTOP) just before a step's stop vote, the one collective on the world group, whose
+    timeout used to be parallel.init_timeout_minutes (an hour by default): rank 0 waits there no longer than
+    parallel.timeout_minutes (set to 0.1 here, 6 s; start-up keeps its own 2 minutes), then exits 76 naming rank
+    1 as not answering. The stopped rank is left to the launcher (here: killed by run_ranks)."""
+    from tests.multiproc import run_ranks
+
+    res = run_ranks(
+        [
+            "tests/workers/train_faults.py",
+            "--config",
+            CONFIG,
+            *overrides(
+                "unused",
+                f"train.out_dir={tmp_path / 'run'}",
+                "train.steps=10",
+                "train.eval_interval=0",
+                "parallel.timeout_minutes=0.1",
+                "parallel.init_timeout_minutes=2",
+            ),
+        ],
+        nprocs=2,
+        timeout=300,
+        check=False,
+        grace=5,
+        env={"LEV_TEST_STALL_RANK": 1, "LEV_TEST_STALL_STEP": 3},
+    )
+    out = res[0].output
+    assert res[0].returncode == 76, out[-3000:]
+    line = re.search(
+        r"\[rank 0 on (\S+)\] lost a peer in step 3: a collective timed out: not answering: rank 1 on (\S+)", out
+    )
+    assert line and line.group(1) == line.group(2), out[-3000:]  # both ranks on this host
+    waited = re.search(r"Timed out waiting (\d+)ms", out)
+    assert waited and int(waited.group(1)) == 6000, out[-3000:]  # the step timeout, not the start-up one
+    assert res[1].returncode != 0  # killed by run_ranks once rank 0 had exited: it never woke up
 
 
 @pytest.mark.multiproc

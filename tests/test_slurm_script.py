@@ -75,11 +75,11 @@ def test_16_nodes_x_8_gpus(launch, data):
     node_cmd = next(line for line in script.splitlines() if line.startswith("NODE_CMD=("))
     if launch == "srun":
         assert "--ntasks-per-node=8" in head and "--cpus-per-task=8" in head
-        assert 'srun --nodes=16 --ntasks-per-node=8 "${NODE_CMD[@]}"' in script
+        assert 'srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=8 "${NODE_CMD[@]}"' in script
         assert "-m leviathan_pretrain.train --config" in node_cmd
     elif launch == "torchrun":
         assert "--ntasks-per-node=1" in head and "--cpus-per-task=64" in head
-        assert 'srun --nodes=16 --ntasks-per-node=1 "${NODE_CMD[@]}"' in script
+        assert 'srun --kill-on-bad-exit=1 --nodes=16 --ntasks-per-node=1 "${NODE_CMD[@]}"' in script
         for part in (
             '--nnodes="$SLURM_JOB_NUM_NODES"',
             "--nproc-per-node=8",
@@ -99,7 +99,7 @@ def test_16_nodes_x_8_gpus(launch, data):
             "--num_nodes=16",
             "--num_gpus=8",
             "--force_multi",
-            "'--ntasks-per-node=8 --cpus-per-task=8'",
+            "'--kill-on-bad-exit=1 --ntasks-per-node=8 --cpus-per-task=8'",
             "leviathan_pretrain/train.py",
         ):
             assert part in node_cmd
@@ -261,3 +261,32 @@ def test_a_refused_sbatch_removes_only_the_folder_it_just_made(tmp_path, monkeyp
         run_sbatch(script)
     assert not d.exists()
     assert earlier.read_text() == "#!/bin/sh\n" and all(f.read_text() == "the user's" for f in mine)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "rc, term, requeued, says",
+    [
+        (0, False, False, "training exited with code 0"),
+        (2, False, False, "training exited with code 2 (not requeued)"),
+        (75, False, True, "stopped with a checkpoint (exit 75): requeueing job 42 (requeue 1 of at most 3)"),
+        (76, False, True, "lost a peer (exit 76: a node died, the network was cut or a rank stalled"),
+        (1, True, False, "training exited with code 1 after SLURM ended the job (a node failure"),
+    ],
+)
+def test_the_requeue_rule_after_srun(tmp_path, rc, term, requeued, says):
+    """The script's last lines, run by bash with the step's exit code and a stub ``scontrol``: 75 and 76 requeue,
+    other codes end the job, a SIGTERM from SLURM (a node failure) is said as such; no command substitution runs
+    after the step (a SIGTERM inside one breaks bash's trap)."""
+    block = sbatch.REQUEUE
+    assert not re.search(r"\$\((?!\()", block), "a command substitution after the step"  # $(( )) is arithmetic
+    stub = tmp_path / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
+    stub.chmod(0o755)
+    script = f"term={int(term)}\nMAX_REQUEUES=3\nSLURM_JOB_ID=42\n(exit {rc})\n{block}"
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_RESTART_COUNT": "0"}
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, env=env)
+    assert says in p.stdout, p.stdout + p.stderr
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert calls == ("requeue 42\n" if requeued else ""), calls
+    assert p.returncode == (0 if requeued else rc), p.stdout

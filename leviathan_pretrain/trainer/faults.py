@@ -3,7 +3,8 @@
 Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`leviathan_pretrain.exit_codes`): ``0``
 finished ``train.steps`` (final checkpoint written); ``1`` any other error, raised on one rank, it ends every rank
 at once (:func:`abort_rank`); ``2`` bad config or data (one line naming the key or file; a token id outside the
-vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with a checkpoint (re-run to continue).
+vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with a checkpoint (re-run to continue);
+``76`` lost a peer (a rank's connection closed or a collective timed out; re-run to continue).
 
 Non-finite steps: a step whose loss or gradient norm is NaN/Inf is skipped (no parameter update, LR
 schedule not advanced) and counted. DeepSpeed's optimizers detect it themselves (fp16 loss-scale overflow,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -24,8 +26,9 @@ import torch.distributed as dist
 
 from leviathan_pretrain.config import TrainConfig
 from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
-from leviathan_pretrain.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_REQUEUE  # noqa: F401  (re-exported)
+from leviathan_pretrain.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE  # noqa: F401
 from leviathan_pretrain.model.inputs import TokenIdError
+from leviathan_pretrain.trainer import peers
 
 
 class Diverged(RuntimeError):
@@ -95,6 +98,20 @@ def stop_requested(t: TrainConfig, signals: StopSignals, step: int, t0: float, d
 
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashed")
+TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+COMMS = ("gloo", "c10d", "NCCL", "nccl", "TCPStore", "store")
+
+
+def lost_peer(e: BaseException) -> str | None:
+    """``"closed"`` (a peer's connection closed: its process or node died), ``"timeout"`` (a collective or the
+    store timed out: a stalled rank or a cut network) or None (not a communication failure)."""
+    text = str(e)
+    comms = isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and any(c in text for c in COMMS))
+    if isinstance(e, RuntimeError) and any(p in text for p in PEER_LOST):
+        return "closed"
+    if comms and TIMED_OUT.search(text):
+        return "timeout"
+    return None
 
 
 def abort_rank(e: BaseException) -> None:
@@ -102,22 +119,34 @@ def abort_rank(e: BaseException) -> None:
 
     The other ranks may be waiting for us in a collective; tearing down politely (a barrier, interpreter
     shutdown joining communication threads) would hang until the process-group timeout. So: print the error
-    once — the rank that failed prints it, a rank that merely lost its peer says so in one line — and
-    ``os._exit``. gloo peers see the connection drop within a second and end the same way; with NCCL the
+    once and ``os._exit``. gloo peers see the connection drop within a second and end the same way; with NCCL the
     launcher ends them (torchrun, ``srun --kill-on-bad-exit=1``, mpirun all stop the job when one rank exits
-    non-zero). Exit code: 2 for a bad token id (bad data), 130 for Ctrl-C, else 1."""
+    non-zero). A lost peer (:func:`lost_peer`) is said in one line naming the ranks and hosts behind it
+    (:mod:`.peers`); a timed-out collective exits 76 (``EXIT_PEER_LOST``: the SLURM launcher requeues), a closed
+    connection 1 (the peer's own exit code tells why it left). A bad token id exits 2, Ctrl-C 130, anything else 1
+    with its traceback."""
     rank = os.environ.get("RANK", "0")
     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    kind = lost_peer(e)
     if isinstance(e, KeyboardInterrupt):
         code = 130
         print(f"[rank {rank}] interrupted", file=sys.stderr, flush=True)
-    elif isinstance(e, RuntimeError) and any(p in str(e) for p in PEER_LOST):
-        code = 1
-        print(
-            f"[rank {rank}] stopping: another rank exited (its error is in its own output): {msg}",
-            file=sys.stderr,
-            flush=True,
+    elif kind is not None:
+        # A closed connection: the peer's process is gone, and its own exit code says why (a bad token id: 2, a
+        # crash: 1, the OOM killer: 137); this rank exits 1 so that a launcher reporting the highest code (srun)
+        # reports the peer's. A timeout (nothing says why): 76, the launcher requeues.
+        code = EXIT_PEER_LOST if kind == "timeout" else 1
+        found = peers.CURRENT
+        where = f"[rank {rank} on {found.host}]" if found else f"[rank {rank}]"
+        what = "a peer's connection closed" if kind == "closed" else "a collective timed out"
+        why = found.diagnose(str(e)) if found else "set-up had not finished: no peer table"
+        step = f" in step {found.last_step}" if found else ""
+        then = (
+            "its own error, if it had one, is in its output"
+            if kind == "closed"
+            else "no checkpoint was written after this, the run resumes from the latest complete one"
         )
+        print(f"{where} lost a peer{step}: {what}: {why}. Exiting {code}; {then}. ({msg})", file=sys.stderr, flush=True)
     elif isinstance(e, TokenIdError):
         code = EXIT_CONFIG
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)

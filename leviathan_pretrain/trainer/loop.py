@@ -19,7 +19,13 @@ from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION, lev_health, lev_layer, model_flops_per_token
-from leviathan_pretrain.parallel import ParallelDims, init_distributed, parallel_dims, seed_everything
+from leviathan_pretrain.parallel import (
+    ParallelDims,
+    init_distributed,
+    parallel_dims,
+    seed_everything,
+    set_group_timeouts,
+)
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer import checkpoint as ckpt
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
@@ -42,6 +48,7 @@ from leviathan_pretrain.trainer.metrics import (
     perplexity,
     throughput,
 )
+from leviathan_pretrain.trainer.peers import record_peers
 from leviathan_pretrain.trainer.schedule import lr_at
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -149,8 +156,14 @@ class Trainer:
         tb = RunLayout.from_config(cfg).events
         self.metrics = Metrics(self.out_dir, tb, dims.writer, self.state.step, cfg.logging.log_interval, t.steps)
         self.peak, self.peak_source = peak_flops(self.denv.device, cfg.parallel.precision, cfg.logging.peak_flops)
+        # set-up done: from here a peer that stops answering (dead, stalled, cut off) fails every collective,
+        # the per-step stop vote's on the world group included, after parallel.timeout_minutes
+        self.peers = record_peers(cfg.parallel.timeout_minutes)
+        set_group_timeouts(cfg.parallel.timeout_minutes)
 
     def close(self) -> None:
+        self.peers.stop()
+        set_group_timeouts(self.cfg.parallel.init_timeout_minutes)  # the next run in this process starts up again
         self.metrics.close()
         self.eng.ds.destroy()
 
@@ -165,7 +178,9 @@ class Trainer:
             model_layout=LAYOUT_VERSION,
             layout=ParallelLayout(tp=dims.tp, pp=dims.pp, dp=dims.dp, zero_stage=cfg.parallel.zero_stage),
         )
+        set_group_timeouts(cfg.parallel.init_timeout_minutes)  # a save waits for the slowest writer
         ckpt.save(self.eng.ds, self.cdir, record, cfg.checkpoint.keep_last)
+        set_group_timeouts(cfg.parallel.timeout_minutes)
         self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
 
     def validate(self) -> None:
@@ -259,6 +274,7 @@ class Trainer:
         interval_t, interval_steps = time.perf_counter(), 0
         while st.step < t.steps:
             st.step += 1
+            self.peers.beat(st.step)
             rec, loss = self.train_step()
             interval_steps += 1
             extra = None

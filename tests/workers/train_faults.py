@@ -7,6 +7,8 @@ Run as ``python tests/workers/train_faults.py --config ... key=value ...`` (dire
   step-N checkpoint (a crash during a save).
 - ``LEV_TEST_BAD_TOKEN_RANK=R`` + ``LEV_TEST_BAD_TOKEN_STEP=S``: rank R's micro-batches of step S carry a
   token id outside the vocabulary (the model raises ``TokenIdError`` on that rank only).
+- ``LEV_TEST_STALL_RANK=R`` + ``LEV_TEST_STALL_STEP=S``: rank R stops itself (SIGSTOP: its sockets stay open,
+  nothing crashes) just before step S's stop vote, the per-step collective on the world group.
 - ``LEV_TEST_FSYNC_LOG=DIR``: every ``os.fsync`` is recorded as the path of its file descriptor in
   ``DIR/fsync-rank<R>.txt`` (which rank flushes which checkpoint file).
 - ``LEV_TEST_NAN_STEPS=3,4,5`` (+ ``LEV_TEST_NAN_RANK=R``): those steps' training loss is NaN
@@ -60,6 +62,19 @@ if bad_rank is not None and int(bad_rank) == RANK:
         return mbs
 
     tdata.Batches.global_batch = global_batch
+
+stall_rank = os.environ.get("LEV_TEST_STALL_RANK")
+if stall_rank is not None and int(stall_rank) == RANK:
+    from leviathan_pretrain.trainer import loop  # noqa: E402
+
+    _vote, stall_step = loop.stop_requested, int(os.environ["LEV_TEST_STALL_STEP"])
+
+    def stop_requested(t, signals, step, t0, device):
+        if step == stall_step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return _vote(t, signals, step, t0, device)
+
+    loop.stop_requested = stop_requested
 
 fsync_dir = os.environ.get("LEV_TEST_FSYNC_LOG")
 if fsync_dir:
