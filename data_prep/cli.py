@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from leviathan_pretrain import cli
+from data_prep import options as cli
 
 
 class UserError(Exception):
@@ -41,7 +41,7 @@ def log(msg: str) -> None:
 
 def run_main(main, argv=None) -> int:
     """Run ``main(argv)``; :class:`UserError` and Ctrl-C become a one-line message and exit code
-    (:func:`leviathan_pretrain.cli.run_main`)."""
+    (:func:`data_prep.options.run_main`)."""
     return cli.run_main(main, argv, errors=(UserError,))
 
 

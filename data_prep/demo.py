@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from data_prep import make_corpus, tokenize_cli, train_tokenizer
+from data_prep import options as cli
 from data_prep.cli import UserError, human_bytes, run_main
 from data_prep.manifest import Manifest
-from leviathan_pretrain import cli
 
 
 def _say(msg: str) -> None:

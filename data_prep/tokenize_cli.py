@@ -21,8 +21,10 @@ import os
 import sys
 from pathlib import Path
 
+from data_prep import options as cli
 from data_prep.cli import UserError, human_bytes, log, set_log_prefix
 from data_prep.comm import LocalComm, MpiComm, RanksFailed
+from data_prep.exit_codes import EXIT_BAD_INPUT
 from data_prep.manifest import Manifest
 from data_prep.outputs import existing_outputs
 from data_prep.parts import Job
@@ -31,8 +33,6 @@ from data_prep.shards import choose_dtype
 from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
 from data_prep.tokenizer import open_tokenizer
 from data_prep.workdir import work_dir_for
-from leviathan_pretrain import cli
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,10 +44,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from data_prep import options as cli
 from data_prep.cli import UserError, human_bytes, log, run_main, set_log_prefix
 from data_prep.fileio import write_bytes_atomic, write_json_atomic
 from data_prep.sources import NO_SET, PRESETS, FileReader, SetFilter, expand_inputs, make_set_filter
-from leviathan_pretrain import cli
 
 FILES = ("tokenizer.model", "tokenizer.vocab", "tokenizer_meta.json")
 

@@ -10,7 +10,8 @@ The script of a training job:
 1. ``#SBATCH`` header (nodes, tasks, CPUs, GPUs, partition, account, time, ``--signal=USR1@LEAD``,
    ``--requeue``, ``--open-mode=append``, output ``RUN/logs/<name>-%j.out``);
 2. the environment (defaults a cluster user expects, then ``--env`` overrides), the rendezvous on the first
-   host of ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at port ``29500 + job id % 20000``;
+   host of ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` at port ``29500 + (job id + 7919 x restarts) % 20000``
+   (one per attempt: a requeued job keeps its id);
 3. ``NODE_CMD=(...)``, the command each ``srun`` task runs, and the ``srun`` line;
 4. the requeue rule: exit 75 (the trainer stopped with a checkpoint) or 76 (it lost a peer: a dead node, a cut
    network, a stalled rank) -> ``scontrol requeue`` while ``$SLURM_RESTART_COUNT < MAX_REQUEUES``; any other exit
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from data_prep.exit_codes import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_REQUEUE
 from launchers.records import LOGS_DIR
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHES = ("torchrun", "srun", "deepspeed")
@@ -163,7 +164,9 @@ def environment(res: Resources, launch: Launch) -> list[str]:
     lines += [
         f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 20000))",
+        # per attempt: a requeued job keeps its id, and a process left from the last attempt on a node that comes
+        # back (a healed network partition) must not join this attempt's rendezvous
+        "export MASTER_PORT=$((29500 + (SLURM_JOB_ID + 7919 * ${SLURM_RESTART_COUNT:-0}) % 20000))",
     ]
     return lines
 
@@ -185,7 +188,7 @@ def node_command(res: Resources, launch: Launch, config: str) -> tuple[list[str]
             f"--nproc-per-node={res.ranks_per_node}",
             "--rdzv-backend=c10d",
             '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
-            '--rdzv-id="$SLURM_JOB_ID"',
+            '--rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
             "--max-restarts=0",
             *train,
         ]

@@ -20,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from data_prep.options import run_main
 from launchers import records, sbatch
 from launchers.job_files import SbatchFailed, job_dir, record, run_sbatch, write_script
 from launchers.job_spec import Job, Refused, Request, job_of, launch_of
@@ -27,7 +28,6 @@ from launchers.pipeline_stages import eval_stage, prep_stage
 from launchers.sbatch import Launch, ScriptError
 from launchers.slurm_args import parse
 from launchers.submit_checks import active_jobs, need_sbatch, prepared
-from leviathan_pretrain.cli import run_main
 from leviathan_pretrain.config import ConfigError, load_config
 from leviathan_pretrain.rundir.layout import RunLayout
 

@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
+from data_prep import options as cli
 from launchers.sbatch import LAUNCHES
-from leviathan_pretrain import cli
 
 EXAMPLES = """examples:
   python -m launchers.slurm submit --config configs/1.2b-lev.yaml --nodes 16 --gpus-per-node 8 \\

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from data_prep import options as cli
 from launchers.records import JOBS, SLURM_DIR, jobs_file, read_records
-from leviathan_pretrain import cli
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.trainer.ckpt_names import CheckpointError, read_latest, step_of

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from data_prep.exit_codes import EXIT_BAD_INPUT
 
 # command -> (module with main(argv), one line); the order is the order of the work
 COMMANDS = {

@@ -31,9 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from leviathan_pretrain.cli import run_main
+from data_prep.exit_codes import EXIT_BAD_INPUT
+from data_prep.options import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.trainer import data_cache as C  # light: no torch
 from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES, atomic_write_text
 

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_prep import options as cli
 from data_prep.fileio import write_bytes_atomic
-from leviathan_pretrain import cli
 from leviathan_pretrain.evaluation import compare_tables as tables
-from leviathan_pretrain.evaluation.compare_tables import COLUMNS
+from leviathan_pretrain.evaluation.compare_tables import COLUMNS, Comparison, RunRow
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
@@ -189,10 +189,10 @@ def config_params(run: Run) -> dict | None:
     try:
         from leviathan_pretrain.config import Config
         from leviathan_pretrain.configlib import build
-        from leviathan_pretrain.model import sizes
+        from leviathan_pretrain.model import counts
 
         cfg = build(Config, run.config)
-        return sizes.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
+        return counts.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
     except Exception:  # a config of another version: the counts stay empty
         return None
 
@@ -261,43 +261,6 @@ def pick_baseline(runs: list, choice: str | None) -> tuple[int, str]:
             return i, "--baseline"
     runs.insert(0, load_run(choice))  # a baseline that is not among the runs joins them
     return 0, "--baseline"
-
-
-@dataclass
-class RunRow:
-    """One run's line of the comparison: its metrics, their change vs the baseline and its tokens to the target."""
-
-    run: Run
-    is_baseline: bool
-    metrics: dict  # {column: value} (run_metrics)
-    change: dict  # {column: percent vs the baseline}, None for the baseline itself or a missing value
-    curve: list  # the validation curve [(tokens, loss)]
-    reach: float | None  # tokens to reach the target
-    ratio: float | None  # the baseline's tokens to the target / this run's
-
-    @property
-    def label(self) -> str:
-        return f"{self.run.name} (baseline)" if self.is_baseline else self.run.name
-
-
-@dataclass
-class Comparison:
-    """What the tables and plots show: a row per run, the baseline and the validation loss the runs race to."""
-
-    rows: list  # [RunRow], in the order of the runs
-    base_i: int
-    why: str  # how the baseline was chosen
-    keys: list  # the metric columns: COLUMNS' first five, the other heldout sets, the buckets, the rest of COLUMNS
-    buckets: list  # the ``ppl[<bucket>]`` keys
-    target: float | None  # the last point of the baseline's validation curve in tokens
-
-    @property
-    def base(self) -> RunRow:
-        return self.rows[self.base_i]
-
-    @property
-    def bucket_names(self) -> list:
-        return [k[4:-1] for k in self.buckets]
 
 
 def metric_keys(metrics: list) -> tuple[list, list]:

@@ -33,7 +33,10 @@ class LEVConfig:
     log_eps: float = 1e-9  # M = sign * exp(sum log(|phi| + log_eps))
     init_std: float = 0.02  # codebooks C and head projections W_l
     spline_init_std: float = 0.1  # S = 1 + N(0, spline_init_std^2)
-    out_init_std: float | None = None  # W_out ~ N(0, std^2); None -> init_std / sqrt(heads)
+    # W_out ~ N(0, std^2); None -> init_std / sqrt(heads); "match": each head's W_out scaled at init so that
+    # G's RMS over a fixed sample of ids is model.init_method_std, a table's (ours, not the paper's; docs/lev.md)
+    out_init_std: float | str | None = None
+    center: bool = False  # G = sum_l (M_l - 1) @ W_out_l: no common mode at init (ours, not the paper's)
     token_chunk: int | None = None  # unique ids per chunk of the spline work; None -> sized by chunk_mib
     # MiB of one chunk's work buffers (sizes.lev_chunk_ids); None -> per device: 48 on CPU, 512 on CUDA
     chunk_mib: float | None = None
@@ -73,6 +76,12 @@ class LEVConfig:
             self.knots >= 3, f"{prefix}.knots", f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}"
         )
         require(self.log_eps > 0, f"{prefix}.log_eps", "must be > 0")
+        std = self.out_init_std
+        require(
+            std is None or std == "match" or (not isinstance(std, str) and std > 0),
+            f"{prefix}.out_init_std",
+            f'must be a positive number, null (init_std / sqrt(heads)) or "match", got {std!r}',
+        )
 
 
 @dataclass

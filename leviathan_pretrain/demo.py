@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_prep import options as cli
 from data_prep.demo import run_demo
-from leviathan_pretrain import cli
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
+from data_prep.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.tokenizer import open_cached

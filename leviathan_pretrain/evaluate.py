@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from leviathan_pretrain import cli
-from leviathan_pretrain.dtypes import torch_dtype
+from data_prep import options as cli
+from data_prep.dtypes import torch_dtype
 from leviathan_pretrain.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, help="per held-out set: whole documents up to this many tokens")
     g.add_argument("--no-frequency", action="store_true", help="skip the frequency-stratified perplexity")
     g.add_argument(
+        "--no-geometry",
+        action="store_true",
+        help="skip the token-vector geometry (input rows and head: RMS, cosine, mean share, effective rank)",
+    )
+    g.add_argument(
         "--bucket-edges",
         default="1e-7,1e-6,1e-5,1e-4,1e-3",
         help="relative training frequencies between buckets (default log decades: 1e-7,1e-6,1e-5,1e-4,1e-3)",
@@ -93,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 class EvalOptions:
     """The command line, parsed once (:meth:`from_namespace`). ``runs``: every ``--run``; ``run``: the one an
     evaluation loads (``main`` makes one copy per run with :func:`dataclasses.replace`). The ``--no-X`` switches
-    are the positive ``heldout`` / ``frequency`` / ``tensorboard``; the rest are the options' own names."""
+    are the positive ``heldout`` / ``frequency`` / ``geometry`` / ``tensorboard``; the rest are the options' own
+    names."""
 
     runs: tuple[str, ...]
     run: str
@@ -104,6 +110,7 @@ class EvalOptions:
     heldout: bool
     max_tokens: int | None
     frequency: bool
+    geometry: bool
     bucket_edges: str
     quantile_buckets: int | None
     wikitext: str | None
@@ -121,7 +128,7 @@ class EvalOptions:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> EvalOptions:
         """From :func:`build_parser`'s namespace; ``run``: the first ``--run``."""
-        derived = {"runs", "run", "data", "heldout", "frequency", "tensorboard"}
+        derived = {"runs", "run", "data", "heldout", "frequency", "geometry", "tensorboard"}
         same = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if f.name not in derived}
         return cls(
             runs=tuple(ns.run),
@@ -129,6 +136,7 @@ class EvalOptions:
             data=tuple(ns.data) if ns.data else None,
             heldout=not ns.no_heldout,
             frequency=not ns.no_frequency,
+            geometry=not ns.no_geometry,
             tensorboard=not ns.no_tensorboard,
             **same,
         )
@@ -187,6 +195,8 @@ def evaluate(opts: EvalOptions, world: tuple[int, int], device) -> tuple[EvalRep
             _wikitext(opts.wikitext, opts.wikitext_stride, tok, sc, report)
         if opts.lambada:
             _lambada(opts.lambada, tok, sc, report)
+    if opts.geometry:
+        _geometry(opts, tr, sc, report)
     if not (report.heldout or report.wikitext or report.lambada):
         raise EvalError("nothing to evaluate: --no-heldout without --wikitext or --lambada")
     report.seconds = round(time.monotonic() - t0, 1)
@@ -225,10 +235,10 @@ def _header(opts: EvalOptions, tr: Trained, sc: _Scoring, world: tuple[int, int]
     """The report with what was loaded (run, checkpoint, parameters, tokens seen) and the settings, no metric yet;
     says what was loaded."""
     from leviathan_pretrain.evaluation.report import EvalReport
-    from leviathan_pretrain.model import sizes
+    from leviathan_pretrain.model import counts as param_counts
 
     cfg, layout = tr.cfg, tr.record.layout
-    counts = sizes.param_breakdown(cfg.model, layout.tp)
+    counts = param_counts.param_breakdown(cfg.model, layout.tp)
     total, n_input = counts["total"], counts["input"]
     report = EvalReport(
         run=str(Path(opts.run).resolve()),
@@ -298,6 +308,27 @@ def _frequency(opts: EvalOptions, prefixes, vocab_size: int, scored: list[tuple]
     losses, targets = (np.concatenate(arrays) for arrays in zip(*scored))
     fr = H.frequency_buckets(losses, targets, train_counts, opts.edges, opts.quantile_buckets)
     report.frequency = {"counts": files, **fr}
+
+
+def _geometry(opts: EvalOptions, tr: Trained, sc: _Scoring, report: EvalReport) -> None:
+    """``report.geometry``: the token vectors' geometry (model/geometry.py), overall and per training-frequency
+    bucket (the same buckets as ``report.frequency``; none when the training counts are not to be had). Read off the
+    model's parameters: no data, the same on every rank."""
+    from leviathan_pretrain.evaluation import heldout as H
+    from leviathan_pretrain.evaluation.load import EvalError
+    from leviathan_pretrain.model import geometry as G
+
+    buckets = []
+    try:
+        counts, _ = H.training_counts(list(tr.cfg.data.prefixes), sc.vocab_size)
+        specs = (
+            H.quantile_buckets(counts, opts.quantile_buckets) if opts.quantile_buckets else H.decade_buckets(opts.edges)
+        )
+        buckets = G.bucket_ids(counts, specs)
+    except EvalError as e:
+        if sc.verbose:
+            print(f"[evaluate] geometry by frequency skipped: {e}", file=sys.stderr)
+    report.geometry = G.geometry(sc.model, sc.vocab_size, buckets)
 
 
 def _text_tokenizer(tr: Trained):

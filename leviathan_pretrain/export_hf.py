@@ -40,12 +40,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from leviathan_pretrain import cli
-from leviathan_pretrain.dtypes import DTYPES, long_name
+from data_prep import options as cli
+from data_prep.dtypes import DTYPES, long_name
 
 MARKER = "leviathan_export.json"
 FORMAT = "leviathan-hf-export"
-DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / HF name (leviathan_pretrain/dtypes.py)
+DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / HF name (data_prep/dtypes.py)
 
 
 # ---------------------------------------------------------------- the output directory

@@ -1,27 +1,35 @@
 """Parameter breakdown of a config without building the model.
 
     python -m leviathan_pretrain.params --config configs/1.2b-lev.yaml [key=value ...] [--json]
+    python -m leviathan_pretrain.params --config configs/200m-lev.yaml --iso-to configs/200m-untied.yaml
 
 Prints ``input`` (the input representation), ``body`` (transformer layers + final norm), ``head`` (the
 untied output head; 0 for TIED, whose head is the input table) and ``total``, for the whole model (all TP
 ranks together; tables padded as megatron pads them for ``parallel.tensor_parallel``). ``--json`` prints one
 object with exactly those four keys. The closed form lives in ``leviathan_pretrain.model.sizes`` and is
 checked against real (and meta-device) megatron-core models in tests/test_params.py.
+
+``--iso-to OTHER``: the paper's v1 protocol, equal total parameters by depth. Prints the ``model.num_layers`` of
+this config (with its overrides) whose total is nearest below and above OTHER's total (OTHER as it is), both
+totals and their ratio to OTHER's; ``--json`` prints ``{target, below: {num_layers, total}, above: {...}}``.
+Only depth changes: LEV's savings exist against a model with an input table *and* a head (UNTIED); against TIED
+LEV is the larger one (its head), so the nearest below has fewer layers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
-from leviathan_pretrain.cli import run_main
+from data_prep.options import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import counts
 
 
 def breakdown(cfg) -> dict:
-    return sizes.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
+    return counts.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
 
 
 def format_breakdown(cfg, counts: dict) -> str:
@@ -39,7 +47,40 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.params", description=__doc__.splitlines()[0])
     config_arguments(ap, "YAML config (may name a base: file)", "dotted overrides, e.g. model.vocab_size=200019")
     ap.add_argument("--json", action="store_true", help="print one JSON object {input, body, head, total}")
+    ap.add_argument(
+        "--iso-to",
+        metavar="OTHER",
+        help="the num_layers that brings this config's total nearest to OTHER's (a config file), below and above",
+    )
     return ap
+
+
+def total_at(cfg, layers: int) -> int:
+    return counts.param_breakdown(dataclasses.replace(cfg.model, num_layers=layers), cfg.parallel.tensor_parallel)[
+        "total"
+    ]
+
+
+def iso_layers(cfg, target: int) -> dict:
+    """``{target, below, above}``: the depths (``num_layers``, ``total``) whose totals bracket ``target``; ``below``
+    is None when even one layer is over it. The total grows by the same count per layer."""
+    per_layer = total_at(cfg, 2) - total_at(cfg, 1)
+    below_n = (target - total_at(cfg, 1)) // per_layer + 1  # the most layers whose total is <= target
+    below = {"num_layers": below_n, "total": total_at(cfg, below_n)} if below_n >= 1 else None
+    above_n = max(1, below_n + (below is None or below["total"] < target))
+    return {"target": target, "below": below, "above": {"num_layers": above_n, "total": total_at(cfg, above_n)}}
+
+
+def format_iso(cfg, other_path: str, iso: dict) -> str:
+    lines = [f"{cfg.model.variant}: num_layers for the total of {other_path} ({iso['target']:,d})"]
+    for key in ("below", "above"):
+        got = iso[key]
+        if got is None:
+            lines.append(f"  {key:<5}  none: one layer is already over it")
+        else:
+            ratio = got["total"] / iso["target"]
+            lines.append(f"  {key:<5}  num_layers={got['num_layers']:<4d} total {got['total']:>15,d}  ({ratio:.4f}x)")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -48,6 +89,11 @@ def main(argv=None) -> int:
 
 def _params(args) -> int:
     cfg = load_config(args.config, args.overrides)
+    if args.iso_to:
+        other = load_config(args.iso_to)
+        iso = iso_layers(cfg, breakdown(other)["total"])
+        print(json.dumps(iso) if args.json else format_iso(cfg, args.iso_to, iso))
+        return 0
     counts = breakdown(cfg)
     print(json.dumps(counts) if args.json else format_breakdown(cfg, counts))
     return 0

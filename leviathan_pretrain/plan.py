@@ -93,9 +93,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from data_prep.dtypes import DTYPES, nbytes
 from leviathan_pretrain.config_parallel import accumulation_steps, batch_problem
-from leviathan_pretrain.dtypes import DTYPES, nbytes
-from leviathan_pretrain.model import sizes, variants
+from leviathan_pretrain.model import counts, sizes, variants
 from leviathan_pretrain.model.settings import resolved_attention
 from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: F401 (re-exported)
 
@@ -144,7 +144,7 @@ def _layer_params(m, tp: int) -> int:
 def _input_params(m, tp: int) -> int:
     """The input layer's parameters on one TP rank (vocab-parallel tables and sharded heads/hidden divided by TP,
     the rest replicated), as the layers in model/inputs.py and model/lev.py allocate them."""
-    return sizes.input_split(m, tp).per_rank(tp)
+    return counts.input_split(m, tp).per_rank(tp)
 
 
 def _head_params(m, tp: int) -> int:

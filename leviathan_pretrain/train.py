@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import warnings
 
+from data_prep.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
 
 EPILOG = """examples:
   python -m leviathan_pretrain.train --config configs/tiny-cpu-lev.yaml
@@ -71,6 +72,9 @@ def main(argv=None) -> int:
     code = None
     try:
         code = run(cfg)
+        # done (a 75: checkpoint written): a SIGTERM now is srun ending the step because another rank already exited
+        # (--kill-on-bad-exit=1); it must not turn this exit into "Terminated" (143), which srun would report
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except (ConfigError, ShardError, CheckpointError) as e:  # the start-up checks raise these on every rank
         _error(e)
         code = EXIT_CONFIG

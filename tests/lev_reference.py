@@ -16,8 +16,11 @@ def quadratic_bspline_basis(u: torch.Tensor, knots: int) -> torch.Tensor:
     return beta / beta.sum(-1, keepdim=True)
 
 
-def lev_reference(ids, C, W_in, ln_weight, ln_bias, S, W_out, *, base, sigmoid_scale=0.5, ln_eps=1e-5, log_eps=1e-9):
-    """G(ids) for the full set of heads: ``ids [N]`` -> ``[N, D]``.
+def lev_reference(
+    ids, C, W_in, ln_weight, ln_bias, S, W_out, *, base, sigmoid_scale=0.5, ln_eps=1e-5, log_eps=1e-9, center=False
+):
+    """G(ids) for the full set of heads: ``ids [N]`` -> ``[N, D]`` (``center``: ``model.lev.center``, ours: each
+    head's ``M - 1`` is projected instead of ``M``).
 
     C [k, b, d_seed]; W_in [h, d_seed, d_seed] (u_l = sigmoid(s * LN_l(W_in[h] @ z))); ln_weight/ln_bias
     [h, d_seed]; S [h, d_seed, kappa, r]; W_out [h, r, D]."""
@@ -37,7 +40,7 @@ def lev_reference(ids, C, W_in, ln_weight, ln_bias, S, W_out, *, base, sigmoid_s
         sign = torch.sign(phi).prod(dim=1)
         M = sign * torch.exp(torch.log(phi.abs() + log_eps).sum(dim=1))
         # 7. project and sum heads
-        G = G + M @ W_out[h]
+        G = G + ((M - 1) if center else M) @ W_out[h]
     return G
 
 
@@ -56,4 +59,5 @@ def lev_reference_from_layer(layer, ids):
         sigmoid_scale=cfg.sigmoid_scale,
         ln_eps=cfg.layernorm_eps,
         log_eps=cfg.log_eps,
+        center=cfg.center,
     )

@@ -264,31 +264,32 @@ def test_every_rank_fsyncs_its_own_checkpoint_files(tmp_path):
     assert written <= synced[0] | synced[1], written - synced[0] - synced[1]
 
 
+def two_ranks_with_a_fault(tmp_path, extra: list[str], env: dict, grace: float):
+    """tests/workers/train_faults.py on two ranks (DP 2) with the fault ``env`` picks; the ranks' results, whatever
+    their exit codes (``grace``: how long the other rank may live on after one fails)."""
+    from tests.multiproc import run_ranks
+
+    args = overrides("unused", f"train.out_dir={tmp_path / 'run'}", "train.eval_interval=0", *extra)
+    return run_ranks(
+        ["tests/workers/train_faults.py", "--config", CONFIG, *args],
+        nprocs=2,
+        timeout=300,
+        check=False,
+        grace=grace,
+        env=env,
+    )
+
+
 @pytest.mark.multiproc
 def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path):
     """A bad token id on rank 1 of 2 (DP=2) while rank 0 waits in the gradient all-reduce: both exit non-zero
     by themselves within seconds (the collective timeout is 10 minutes), the error printed once."""
-    from tests.multiproc import run_ranks
-
     t0 = time.monotonic()
-    res = run_ranks(
-        [
-            "tests/workers/train_faults.py",
-            "--config",
-            CONFIG,
-            *overrides(
-                "unused",
-                f"train.out_dir={tmp_path / 'run'}",
-                "train.steps=6",
-                "train.eval_interval=0",
-                "parallel.zero_stage=1",
-            ),
-        ],
-        nprocs=2,
-        timeout=300,
-        check=False,
+    res = two_ranks_with_a_fault(
+        tmp_path,
+        ["train.steps=6", "parallel.zero_stage=1"],
+        {"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3},
         grace=90,
-        env={"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3},
     )
     elapsed = time.monotonic() - t0
     assert res[1].returncode == 2, res[1].output[-3000:]  # bad data, by itself
@@ -309,27 +310,11 @@ def test_a_stalled_rank_ends_its_peer_after_the_step_timeout(tmp_path):
     timeout used to be parallel.init_timeout_minutes (an hour by default): rank 0 waits there no longer than
     parallel.timeout_minutes (set to 0.1 here, 6 s; start-up keeps its own 2 minutes), then exits 76 naming rank
     1 as not answering. The stopped rank is left to the launcher (here: killed by run_ranks)."""
-    from tests.multiproc import run_ranks
-
-    res = run_ranks(
-        [
-            "tests/workers/train_faults.py",
-            "--config",
-            CONFIG,
-            *overrides(
-                "unused",
-                f"train.out_dir={tmp_path / 'run'}",
-                "train.steps=10",
-                "train.eval_interval=0",
-                "parallel.timeout_minutes=0.1",
-                "parallel.init_timeout_minutes=2",
-            ),
-        ],
-        nprocs=2,
-        timeout=300,
-        check=False,
+    res = two_ranks_with_a_fault(
+        tmp_path,
+        ["train.steps=10", "parallel.timeout_minutes=0.1", "parallel.init_timeout_minutes=2"],
+        {"LEV_TEST_STALL_RANK": 1, "LEV_TEST_STALL_STEP": 3},
         grace=5,
-        env={"LEV_TEST_STALL_RANK": 1, "LEV_TEST_STALL_STEP": 3},
     )
     out = res[0].output
     assert res[0].returncode == 76, out[-3000:]

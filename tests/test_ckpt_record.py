@@ -94,7 +94,7 @@ def test_run_layout_defaults_and_the_config_overrides(tmp_path):
 def test_the_record_and_layout_modules_do_not_import_torch():
     code = (
         "import sys, leviathan_pretrain.trainer.ckpt_record, leviathan_pretrain.rundir.layout, "
-        "leviathan_pretrain.rundir.train_log, leviathan_pretrain.rundir.tb_events, leviathan_pretrain.exit_codes; "
+        "leviathan_pretrain.rundir.train_log, leviathan_pretrain.rundir.tb_events, data_prep.exit_codes; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -1,4 +1,4 @@
-"""One command-line vocabulary (leviathan_pretrain/cli.py), checked in-process on every command's parser: ``--help``
+"""One command-line vocabulary (data_prep/options.py), checked in-process on every command's parser: ``--help``
 shows ``--run`` / ``--out`` / ``--overwrite`` / ``--quiet`` / ``--dtype`` where a command has that meaning and never
 a hidden alias; each old spelling parses to the same value as the new one; ``--dtype bfloat16`` is ``bf16``."""
 
@@ -8,10 +8,11 @@ import pytest
 
 from data_prep import demo as data_demo
 from data_prep import make_corpus, tokenize_cli, train_tokenizer
+from data_prep import options as cli
 from data_prep.cli import UserError
 from data_prep.cli import run_main as data_prep_run_main
 from launchers import local, slurm_args, status
-from leviathan_pretrain import build_data_cache, cli, compare, evaluate, export_hf, params, train
+from leviathan_pretrain import build_data_cache, compare, evaluate, export_hf, params, train
 from leviathan_pretrain import demo as train_demo
 
 # command -> (parser builder, the subcommand, the options it must show for the shared meanings)

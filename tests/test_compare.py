@@ -396,7 +396,7 @@ def _valid_tokens(run: Path) -> tuple[list, dict]:
 def test_real_trained_runs(trained_run, tmp_path):
     from leviathan_pretrain.config import Config
     from leviathan_pretrain.configlib import build
-    from leviathan_pretrain.model import sizes
+    from leviathan_pretrain.model import counts
 
     lev, tied = trained_run("lev-tp2"), trained_run("tied-tp2")
     out = tmp_path / "real"
@@ -411,7 +411,7 @@ def test_real_trained_runs(trained_run, tmp_path):
         assert float(row["val_loss"]) == curve[-1][1]
         assert "no eval report" in row["notes"] and row["report"] == "" and row["wikitext_token_ppl"] == ""
         c = build(Config, cfg)
-        counts = sizes.param_breakdown(c.model, c.parallel.tensor_parallel)
+        counts = counts.param_breakdown(c.model, c.parallel.tensor_parallel)
         assert int(row["total_params"]) == counts["total"] and int(row["input_params"]) == counts["input"]
         assert int(row["tokens_seen"]) == 30 * cfg["train"]["global_batch_size"] * cfg["model"]["seq_length"]
         # tokens to reach, by hand: the first evaluation at or below the target, linear from the one before

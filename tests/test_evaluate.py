@@ -185,6 +185,20 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
     assert ev.step == 30 and abs(ev.value - h["ppl"]) / h["ppl"] < 1e-5
     assert "train/loss" in acc.Tags()["scalars"]  # beside the training curves
     assert "by training frequency" in p.stdout and "report:" in p.stdout
+    # the token vectors' geometry: the model's own rows, overall and in the frequency buckets' id sets
+    from leviathan_pretrain.model import geometry as G
+
+    geo = rep["geometry"]
+    ids = G.sample_ids(torch.arange(tr.vocab_size))
+    for key, rows_of in (("input", G.input_rows), ("head", G.head_rows)):
+        want = G.row_geometry(rows_of(tr.model, ids))
+        assert {k: geo[key][k] for k in want} == pytest.approx(want, rel=1e-9), key
+        assert [b["name"] for b in geo[key]["buckets"]] == list(buckets)
+        unseen_ids = np.flatnonzero(counts[: tr.vocab_size] == 0)
+        assert geo[key]["buckets"][0]["types"] == len(unseen_ids)
+    (cos,) = acc.Scalars("eval/geometry/input/cosine")
+    assert cos.step == 30 and cos.value == pytest.approx(geo["input"]["cosine"], rel=1e-6)
+    assert "token vectors" in p.stdout and "effective rank" in p.stdout
 
 
 def test_wikitext_and_lambada_equal_a_plain_recomputation(run_copy, world, tmp_path, minipile_dir):
@@ -246,6 +260,7 @@ def test_two_data_parallel_ranks_equal_one_process(run_copy, minipile_shards, tm
         "tokens"
     ]
     assert abs(tied["heldout"][0]["loss"] - two["heldout"][0]["loss"]) > 1e-3  # each run its own weights
+    assert one["geometry"] == two["geometry"]  # read off the weights: the same on any number of ranks
 
 
 def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards, gpt2_tiktoken):

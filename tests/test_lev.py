@@ -108,9 +108,9 @@ def test_spline_product_gradcheck():
 
 
 # -- the LEV layer against the readable reference -------------------------------------------------------
-@pytest.mark.parametrize("recompute", [True, False])
-def test_lev_layer_equals_reference_forward_and_backward(recompute):
-    layer = make_layer(token_chunk=5, recompute=recompute)
+@pytest.mark.parametrize("recompute, center", [(True, False), (False, False), (True, True), (False, True)])
+def test_lev_layer_equals_reference_forward_and_backward(recompute, center):
+    layer = make_layer(token_chunk=5, recompute=recompute, center=center)
     ids = torch.tensor([[3, 999, 3, 0, 512, 77, 77, 640], [1, 2, 3, 4, 5, 6, 7, 999]])
     out = layer(ids)  # [s, b, D]
     ref = lev_reference_from_layer(layer, ids.t().reshape(-1)).view(out.shape)
@@ -247,3 +247,50 @@ def test_bf16_parameters_keep_lev_accurate():
     assert layer.spline_delta.dtype == torch.bfloat16 and outs["bf16"].dtype == torch.bfloat16
     ref = outs["fp32"]
     assert (outs["bf16"].float() - ref).abs().max() / ref.abs().max() < 0.01
+
+
+# -- options that remove LEV's common mode at init (ours, not the paper's: docs/lev.md) -----------------------
+def geometry_at_init(layer, n=1000):
+    """(RMS, mean pairwise cosine of rows, ||mean row|| / mean row norm) of G over ``n`` ids."""
+    with torch.no_grad():
+        G = layer.compute_rows(torch.randperm(layer.vocab_size, generator=torch.Generator().manual_seed(5))[:n])
+    unit = G / G.norm(dim=1, keepdim=True)
+    cos = ((unit.sum(0).pow(2).sum() - n) / (n * (n - 1))).item()
+    return G.pow(2).mean().sqrt().item(), cos, (G.mean(0).norm() / G.norm(dim=1).mean()).item()
+
+
+SPEC = {"seed_dim": 128, "heads": 8, "knots": 16, "rank": 64}
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [{}, pytest.param(SPEC, marks=pytest.mark.integration)],
+    ids=["small", "spec"],  # spec: ~20 s on CPU
+)
+def test_center_removes_the_constant_mode_and_match_sets_the_rms(sizes):
+    """At init the paper's LEV rows share one direction. Measured here (V 16,000, D 256; RMS, mean pairwise cosine,
+    share of the mean row): small sizes 0.057 / 0.981 / 0.991, centred 0.015 / 0.699 / 0.835; the spec's sizes
+    0.222 / 0.620 / 0.786, centred 0.160 / 0.259 / 0.510. Centring removes the constant 1 of every ``M_l``, not all
+    of the common direction: the spline inputs ``u`` of all ids sit near the middle of [0, 1], so every id reads
+    nearly the same spline values. ``match`` brings G's RMS to model.init_method_std (0.02) and keeps the
+    directions; neither option changes a parameter's shape."""
+    base = make_layer(vocab=16000, hidden=256, **sizes)
+    rms, cos, share = geometry_at_init(base)
+    assert cos > 0.5 and share > 0.7, (rms, cos, share)
+    centered = make_layer(vocab=16000, hidden=256, center=True, **sizes)
+    c_rms, c_cos, c_share = geometry_at_init(centered)
+    assert c_cos < cos - 0.2 and c_share < share - 0.1 and c_rms < rms, (c_rms, c_cos, c_share)
+    for center in (False, True):
+        matched = make_layer(vocab=16000, hidden=256, center=center, out_init_std="match", **sizes)
+        m_rms, m_cos, _ = geometry_at_init(matched)
+        assert abs(m_rms - 0.02) < 0.002, (center, m_rms)  # the heads' independent draws: within 10%
+        assert m_cos == pytest.approx(c_cos if center else cos, abs=0.02)  # a per-head scale keeps the directions
+        assert {n: p.shape for n, p in matched.named_parameters()} == {n: p.shape for n, p in base.named_parameters()}
+
+
+def test_out_init_std_refuses_other_strings():
+    from leviathan_pretrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.lev.out_init_std: .*\"match\""):
+        load_config(None, ["model.lev.out_init_std=matched"])
+    assert load_config(None, ["model.lev.out_init_std=0.01"]).model.lev.out_init_std == 0.01

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import VARIANTS, load_config
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, lev_layer, sizes
+from leviathan_pretrain.model import BuildSettings, ModelConfigError, counts, lev_layer
 from leviathan_pretrain.model.accounting import model_flops_per_token, weight_decay_groups
 from leviathan_pretrain.model.assembly import build_model, logits_of, masked_mean
 from leviathan_pretrain.model.attention import SDPACoreAttention
@@ -158,10 +158,10 @@ def test_pp1_model_and_pipeline_are_one_assembly(world, variant, tmp_path):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_param_count_closed_form_equals_real_model(world, variant):
     model = make(small(variant))
-    counts = sizes.param_breakdown(small(variant).model)
+    parts = counts.param_breakdown(small(variant).model)
     real = sum(p.numel() for p in model.parameters())
-    assert real == counts["total"]
-    assert sum(p.numel() for p in model.input_layer.parameters()) == counts["input"]
+    assert real == parts["total"]
+    assert sum(p.numel() for p in model.input_layer.parameters()) == parts["input"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -171,7 +171,7 @@ def test_param_count_at_paper_scale_on_meta_device(world, variant):
     )
     with torch.device("meta"):
         model = make(cfg)
-    assert sum(p.numel() for p in model.parameters()) == sizes.param_breakdown(cfg.model)["total"]
+    assert sum(p.numel() for p in model.parameters()) == counts.param_breakdown(cfg.model)["total"]
 
 
 def test_a_variant_added_through_the_registry_alone(world):
@@ -189,12 +189,12 @@ def test_a_variant_added_through_the_registry_alone(world):
         seed_everything(1, world.device)
         model = make(cfg)
         assert isinstance(model.input_layer, ToyInput)
-        assert sum(p.numel() for p in model.input_layer.parameters()) == sizes.input_params(cfg.model)
-        assert sum(p.numel() for p in model.parameters()) == sizes.param_breakdown(cfg.model)["total"]
+        assert sum(p.numel() for p in model.input_layer.parameters()) == counts.input_params(cfg.model)
+        assert sum(p.numel() for p in model.parameters()) == counts.param_breakdown(cfg.model)["total"]
         tied_flops = model_flops_per_token(small("untied"))
         assert model_flops_per_token(cfg) == tied_flops + 3.0 * 2 * WIDTH * cfg.model.hidden_size
         plan = make_plan(cfg, 1, 1, device="cpu", mem_limit_gb=None)
-        assert plan.params_per_rank == sizes.param_breakdown(cfg.model)["total"]
+        assert plan.params_per_rank == counts.param_breakdown(cfg.model)["total"]
         x, y, pos = batch()
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
@@ -227,7 +227,7 @@ def test_weight_decay_groups(world):
 
 def test_model_flops_per_token():
     cfg = load_config("configs/1.2b-tied.yaml")
-    n = sizes.param_breakdown(cfg.model)
+    n = counts.param_breakdown(cfg.model)
     f = model_flops_per_token(cfg)
     m = cfg.model
     norms = m.num_layers * 2 * m.hidden_size + m.hidden_size

@@ -10,10 +10,12 @@ import pytest
 from leviathan_pretrain.config import VARIANTS
 from tests.multiproc import run_ranks
 
+CASES = [*VARIANTS, "lev_center_match"]  # + LEV with model.lev.center and out_init_std=match (ours)
+
 
 @pytest.fixture(scope="module")
 def tp_results():
-    res = run_ranks(["tests/workers/model_tp.py", ",".join(VARIANTS)], nprocs=2, timeout=300)
+    res = run_ranks(["tests/workers/model_tp.py", ",".join(CASES)], nprocs=2, timeout=300)
     out = [
         json.loads(line[len("RESULT ") :]) for r in res for line in r.output.splitlines() if line.startswith("RESULT ")
     ]
@@ -22,7 +24,7 @@ def tp_results():
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", CASES)
 def test_tp2_equals_tp1(tp_results, variant):
     for per_rank in tp_results:
         r = per_rank[variant]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from leviathan_pretrain.config import VARIANTS, load_config
+from leviathan_pretrain.model import counts as param_counts
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.params import main as params_main
 from tests.multiproc import REPO, run_python
@@ -14,7 +15,7 @@ V200K = "model.vocab_size=200019"
 
 
 def counts(path, *over):
-    return sizes.param_breakdown(load_config(REPO / path, list(over)).model)
+    return param_counts.param_breakdown(load_config(REPO / path, list(over)).model)
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -89,3 +90,45 @@ def test_readme_table_matches_the_configs():
         cfg = load_config(REPO / f"configs/{scale}-tied.yaml")
         m = cfg.model
         assert f"| `{scale}` | {m.hidden_size} | {m.num_layers} | {m.num_attention_heads} |" in text, scale
+
+
+@pytest.mark.parametrize("scale", ["tiny-cpu", "200m", "400m", "1.2b"])
+def test_iso_to_brackets_the_other_total_and_the_iso_configs_take_the_nearest(scale, capsys):
+    """``--iso-to``: the depths whose totals bracket the other config's (every other field as in this config), and
+    configs/<scale>-lev-iso.yaml holds the nearer of the two against UNTIED (the v1 protocol, configs/README.md)."""
+    assert (
+        params_main(
+            [
+                "--config",
+                f"{REPO}/configs/{scale}-lev.yaml",
+                "--iso-to",
+                f"{REPO}/configs/{scale}-untied.yaml",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    iso = json.loads(capsys.readouterr().out)
+    target = param_counts.param_breakdown(load_config(REPO / f"configs/{scale}-untied.yaml").model, 1)["total"]
+    below, above = iso["below"], iso["above"]
+    assert iso["target"] == target and below["total"] <= target < above["total"]
+    assert above["num_layers"] == below["num_layers"] + 1
+    lev = load_config(REPO / f"configs/{scale}-lev.yaml").model
+    for got in (below, above):
+        at = param_counts.param_breakdown(type(lev)(**{**lev.__dict__, "num_layers": got["num_layers"]}), 1)["total"]
+        assert at == got["total"]
+    nearest = min((below, above), key=lambda g: abs(g["total"] - target))
+    iso_cfg = load_config(REPO / f"configs/{scale}-lev-iso.yaml").model
+    assert iso_cfg.variant == "lev" and iso_cfg.num_layers == nearest["num_layers"]
+    assert {k: v for k, v in iso_cfg.__dict__.items() if k != "num_layers"} == {
+        k: v for k, v in lev.__dict__.items() if k != "num_layers"
+    }
+
+
+def test_iso_to_a_smaller_model_has_no_depth_below(capsys):
+    assert (
+        params_main(["--config", f"{REPO}/configs/1.2b-lev.yaml", "--iso-to", f"{REPO}/configs/tiny-cpu-tied.yaml"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "below  none: one layer is already over it" in out and "above  num_layers=1 " in out, out

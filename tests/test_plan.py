@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from leviathan_pretrain.config import VARIANTS, load_config
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import counts, sizes
 from leviathan_pretrain.plan import (
     BYTES,
     COMPONENTS,
@@ -127,7 +127,7 @@ def test_good_geometry_numbers():
 def test_parameter_bytes_equal_the_closed_form_count_at_tp1(variant, precision):
     cfg = cfg_of(f"configs/1.2b-{variant}.yaml", "parallel.zero_stage=0", f"parallel.precision={precision}")
     plan = make_plan(cfg, 1, 1)
-    total = sizes.param_breakdown(cfg.model, 1)["total"]
+    total = counts.param_breakdown(cfg.model, 1)["total"]
     assert plan.params_per_rank == total
     assert plan.memory["parameters"] == total * BYTES[precision]
 
@@ -139,8 +139,8 @@ def test_tensor_parallel_divides_all_but_the_replicated_parameters(variant):
     two = make_plan(cfg2, 1, 2)
     R = replicated(cfg2.model)
     # sharded pieces halve; the padded vocabulary is a multiple of 128 x TP, so count the whole model at TP = 2
-    assert two.params_per_rank == R + (sizes.param_breakdown(cfg2.model, 2)["total"] - R) // 2
-    assert one.params_per_rank == sizes.param_breakdown(cfg2.model, 1)["total"]
+    assert two.params_per_rank == R + (counts.param_breakdown(cfg2.model, 2)["total"] - R) // 2
+    assert one.params_per_rank == counts.param_breakdown(cfg2.model, 1)["total"]
     assert two.memory["parameters"] == two.params_per_rank * 2  # bf16
 
 

@@ -82,8 +82,19 @@ def job_processes(run: Path) -> list[str]:
     return out
 
 
-def revive(nodes: netns_nodes.Nodes, name: str, timeout: float = 90) -> None:
-    """Node ``name`` back in service: its link up, its slurmd running, SLURM told to resume it if it is DOWN."""
+def revive(nodes: netns_nodes.Nodes, name: str, stale: set[int] = frozenset(), timeout: float = 90) -> list[str]:
+    """Node ``name`` back in service, clean, as after the reboot a cluster's health check gives a node it declared
+    DOWN: the processes of the faulted attempt (``stale``, slurmd aside) killed, its link up, its slurmd running,
+    SLURM told to resume it if it is DOWN."""
+    killed = []
+    for p in stale & set(_pids(name)):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            if os.path.basename(argv[0]) != b"slurmd":
+                os.kill(p, signal.SIGKILL)
+                killed.append(b" ".join(argv).decode(errors="replace")[:120])
+        except (OSError, ProcessLookupError):  # gone meanwhile
+            pass
     netns_nodes.set_link(nodes, name, up=True)
     conf = os.environ["SLURM_CONF"]
     if not any("slurmd" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in _pids(name)):
@@ -92,7 +103,7 @@ def revive(nodes: netns_nodes.Nodes, name: str, timeout: float = 90) -> None:
     while time.monotonic() < deadline:
         state = subprocess.run(["sinfo", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout.strip()
         if state and "down" not in state and "*" not in state and "drain" not in state:
-            return
+            return killed
         if "down" in state or "drain" in state:
             subprocess.run(["scontrol", "update", f"nodename={name}", "state=resume"], capture_output=True, timeout=30)
         time.sleep(1)
@@ -166,6 +177,7 @@ def run_fault(kind: str, nodes, overrides: list[str], tmp_path) -> dict:
             elif kind == "stall":
                 os.kill(trainer_pid(victim), signal.SIGSTOP)
         t_fault = time.monotonic()
+        out["stale"] = set(_pids(victim))  # the faulted attempt's processes on node 2
         out["before"] = logged(run)
         out["fault_step"] = max(out["before"], default=0)
         out["latest_at_fault"] = latest(run)
@@ -177,7 +189,7 @@ def run_fault(kind: str, nodes, overrides: list[str], tmp_path) -> dict:
         out["end_s"] = time.monotonic() - t_fault
         out["latest_after"] = latest(run)
     finally:
-        revive(nodes, victim)
+        out["lingering"] = revive(nodes, victim, out.get("stale", set()))
     out["info"] = wait_jobs([job], timeout=600)[job]
     out["after"] = logged(run)
     out["log"] = log_text(run)
@@ -196,7 +208,8 @@ def test_fault_ends_names_and_resumes(kind, nodes, overrides, tmp_path):
     victim = nodes.names[1]
     print(
         f"[fault {kind}] at step {r['fault_step']} (latest {r['latest_at_fault']}): detected {r['detect_s']:.1f} s, "
-        f"job ended {r['end_s']:.1f} s after the fault, resumed from {r['latest_after']}; {r['line'][:300]}"
+        f"job ended {r['end_s']:.1f} s after the fault, resumed from {r['latest_after']}; left on node 2 when it came "
+        f"back: {r['lingering']}; {r['line'][:300]}"
     )
     # the survivor (rank 0 on node 1) names rank 1 on node 2, or a rank cut off says so; exit 76 reaches the launcher
     assert f"on {victim}" in r["line"] and "rank 1" in r["line"], r["line"]

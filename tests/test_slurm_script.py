@@ -70,7 +70,7 @@ def test_16_nodes_x_8_gpus(launch, data):
     assert "--open-mode=append" in head
     assert re.search(r"^--output=.*/logs/lev-1\.2b-lev-%j\.out$", "\n".join(head), re.M)
     assert 'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
-    assert "export MASTER_PORT=$((29500 + SLURM_JOB_ID % 20000))" in script
+    assert "export MASTER_PORT=$((29500 + (SLURM_JOB_ID + 7919 * ${SLURM_RESTART_COUNT:-0}) % 20000))" in script
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in script
     node_cmd = next(line for line in script.splitlines() if line.startswith("NODE_CMD=("))
     if launch == "srun":
@@ -85,7 +85,7 @@ def test_16_nodes_x_8_gpus(launch, data):
             "--nproc-per-node=8",
             "--rdzv-backend=c10d",
             '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
-            '--rdzv-id="$SLURM_JOB_ID"',
+            '--rdzv-id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
             "-m launchers.torchrun_node",
             "-m leviathan_pretrain.train",
         ):

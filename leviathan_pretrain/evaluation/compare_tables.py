@@ -1,13 +1,11 @@
-"""The text of ``python -m leviathan_pretrain.compare``'s comparison: its Markdown tables and its CSV."""
+"""The comparison of ``python -m leviathan_pretrain.compare``: its rows (:class:`RunRow`, :class:`Comparison`) and
+their text, the Markdown tables and the CSV. The command module builds the rows; this one imports nothing of it."""
 
 from __future__ import annotations
 
 import csv
 import io
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from leviathan_pretrain.compare import Comparison, RunRow
+from dataclasses import dataclass
 
 COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets and the buckets go after val_ppl
     "total_params": ("params", "count"), "input_params": ("input params", "count"), "tokens_seen": ("tokens", "count"),
@@ -15,6 +13,43 @@ COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets a
     "wikitext_token_ppl": ("WikiText token ppl", "ppl"), "wikitext_word_ppl": ("WikiText word ppl", "ppl"),
     "lambada_acc": ("LAMBADA acc", "acc"),
 }  # fmt: skip
+
+
+@dataclass
+class RunRow:
+    """One run's line of the comparison: its metrics, their change vs the baseline and its tokens to the target."""
+
+    run: object  # leviathan_pretrain.compare.Run: name, its reports and curves
+    is_baseline: bool
+    metrics: dict  # {column: value} (run_metrics)
+    change: dict  # {column: percent vs the baseline}, None for the baseline itself or a missing value
+    curve: list  # the validation curve [(tokens, loss)]
+    reach: float | None  # tokens to reach the target
+    ratio: float | None  # the baseline's tokens to the target / this run's
+
+    @property
+    def label(self) -> str:
+        return f"{self.run.name} (baseline)" if self.is_baseline else self.run.name
+
+
+@dataclass
+class Comparison:
+    """What the tables and plots show: a row per run, the baseline and the validation loss the runs race to."""
+
+    rows: list  # [RunRow], in the order of the runs
+    base_i: int
+    why: str  # how the baseline was chosen
+    keys: list  # the metric columns: COLUMNS' first five, the other heldout sets, the buckets, the rest of COLUMNS
+    buckets: list  # the ``ppl[<bucket>]`` keys
+    target: float | None  # the last point of the baseline's validation curve in tokens
+
+    @property
+    def base(self) -> RunRow:
+        return self.rows[self.base_i]
+
+    @property
+    def bucket_names(self) -> list:
+        return [k[4:-1] for k in self.buckets]
 
 
 def fmt(v, kind: str) -> str:

@@ -7,6 +7,8 @@ Report keys (``python -m leviathan_pretrain.compare`` reads them; docs/evaluatio
     frequency {counts, training_tokens, mode, buckets [{name, lo, hi, tokens, types, loss, ppl}]} | null,
     wikitext {path, articles, skipped, tokens, words, context, stride, nats, token_loss, token_ppl, word_ppl} | null,
     lambada {path, examples, skipped, accuracy, ppl} | null,
+    geometry {sample, seed, input {rows, width, rms, cosine, mean_share, eff_rank, buckets [{name, types, ...}]},
+              head {...}} | null,
     settings {context, stride, batch_size, device, dtype, max_tokens, world}, seconds
 """
 
@@ -75,6 +77,7 @@ class EvalReport:
     frequency: dict | None = None
     wikitext: dict | None = None
     lambada: dict | None = None
+    geometry: dict | None = None  # model/geometry.py: the input rows' and the head's, overall and per bucket
     run: str | None = None
     checkpoint: str | None = None
     tag: str | None = None
@@ -86,8 +89,8 @@ class EvalReport:
     # the top-level keys: required ones first; a None in the spec: may be null
     _KEYS = {"step": ("int",), "variant": ("str",), "params": ("dict",), "tokens_seen": ("number",),
              "heldout": ("list",), "frequency": ("dict", None), "wikitext": ("dict", None), "lambada": ("dict", None),
-             "run": ("str", None), "checkpoint": ("str", None), "tag": ("str", None), "created": ("str", None),
-             "settings": ("dict", None), "seconds": ("number", None)}  # fmt: skip
+             "geometry": ("dict", None), "run": ("str", None), "checkpoint": ("str", None), "tag": ("str", None),
+             "created": ("str", None), "settings": ("dict", None), "seconds": ("number", None)}  # fmt: skip
     _REQUIRED = ("step", "variant", "params", "tokens_seen", "heldout")
 
     def to_json(self) -> dict:
@@ -95,6 +98,7 @@ class EvalReport:
         order = ("schema", "run", "checkpoint", "tag", "step", "variant", "params", "tokens_seen", "created")
         out = {k: getattr(self, k) for k in order}
         out.update(heldout=self.heldout, frequency=self.frequency, wikitext=self.wikitext, lambada=self.lambada)
+        out.update(geometry=self.geometry)
         out.update(settings=self.settings, seconds=self.seconds)
         return out
 
@@ -174,6 +178,14 @@ def console_table(rep: EvalReport) -> str:
             "",
             f"LAMBADA ({la['examples']} examples): last-word accuracy {la['accuracy']:.4f}, ppl {la['ppl']:.2f}",
         ]
+    g = report.get("geometry")
+    if g:
+        lines += ["", f"token vectors ({g['input']['rows']:,} ids sampled, seed {g['seed']}; docs/evaluation.md)"]
+        lines += [
+            f"{key:<6} rms {_num(g[key]['rms'], '.4f')}  cosine {_num(g[key]['cosine'], '+.3f')}  mean share "
+            f"{_num(g[key]['mean_share'], '.3f')}  effective rank {_num(g[key]['eff_rank'], '.1f')}"
+            for key in ("input", "head")
+        ]
     left = [
         f"{k}: {reason} x{n}"
         for k in ("wikitext", "lambada")
@@ -198,6 +210,10 @@ def tensorboard_scalars(rep: EvalReport) -> dict[str, float]:
     if report.get("wikitext"):
         out["eval/wikitext/word_ppl"] = report["wikitext"]["word_ppl"]
         out["eval/wikitext/token_ppl"] = report["wikitext"]["token_ppl"]
+    for key, part in ((k, (report.get("geometry") or {}).get(k)) for k in ("input", "head")):
+        for b in [{"name": None, **part}, *part["buckets"]] if part else []:
+            at = f"eval/geometry/{key}" + (f"/{b['name']}" if b["name"] else "")
+            out.update({f"{at}/{m}": b[m] for m in ("rms", "cosine", "mean_share", "eff_rank")})
     if report.get("lambada"):
         out["eval/lambada/accuracy"] = report["lambada"]["accuracy"]
         out["eval/lambada/ppl"] = report["lambada"]["ppl"]

@@ -151,13 +151,21 @@ class GPT(torch.nn.Module):
     def head_input(self, input_ids, position_ids=None) -> HeadInput:
         """The final hidden states ``[s, b, D]`` (through ``copy_to_tp``) and the head weight ``[V_pad / tp, D]``,
         for either ``model.loss_impl``."""
-        tied = TIE_KEY in self.tied_modules
-        owner = self.tied_modules[TIE_KEY] if tied else self._funcs[-1]
-        weight = owner.table if tied else owner.output_layer.weight
+        owner = self._head_owner
         group = owner.tp_group
         return HeadInput(
-            copy_to_tp(self._hidden(input_ids, position_ids), group), weight, group, owner.head_options.chunk
+            copy_to_tp(self._hidden(input_ids, position_ids), group), self.head_weight, group, owner.head_options.chunk
         )
+
+    @property
+    def _head_owner(self) -> torch.nn.Module:
+        return self.tied_modules[TIE_KEY] if TIE_KEY in self.tied_modules else self._funcs[-1]
+
+    @property
+    def head_weight(self) -> torch.nn.Parameter:
+        """The output head's ``[V_pad / tp, D]`` weight (TIED: the input table itself)."""
+        owner = self._head_owner
+        return owner.table if TIE_KEY in self.tied_modules else owner.output_layer.weight
 
 
 def build_model(model, build: BuildSettings, seed: int | None = None) -> GPT:

@@ -7,6 +7,7 @@ For the unique token ids ``i`` of a micro-batch::
     phi_l  = sum_q B_q(u_l) S_l[:, q, :]   (quadratic B-spline, kappa uniform knots, 3 non-zeros)
     M_l    = prod_d phi_l[d, :]            (log space)                 S_l: [d_seed, kappa, r]
     G(i)   = sum_l M_l @ W_out_l                                       W_out_l: [r, D]
+             (model.lev.center: sum_l (M_l - 1) @ W_out_l, ours)
 
 TP: ``z`` is computed on every rank and passed through ``copy_to_tensor_model_parallel_region`` (identity
 forward, all-reduce of its gradient: the replicated codebooks receive the full gradient); each rank runs
@@ -33,6 +34,7 @@ from leviathan_pretrain.model.spline import spline_product
 from leviathan_pretrain.model.tp import all_gather_dim0, const_init, copy_to_tp, normal_init, sharded_param
 
 HEALTH_SAMPLE = 256  # unique ids kept from the last forward for lev_health()
+MATCH_SAMPLE, MATCH_SEED = 1024, 1234  # the ids model.lev.out_init_std=match measures G's RMS on
 EDGE = 0.01  # a spline coordinate u within EDGE of 0 or 1 counts as saturated
 
 
@@ -63,7 +65,7 @@ class LEVInput(UniqueIdInput):
         self.heads_local = h // tp
         self.head_offset = group_rank(tp_group) * self.heads_local
         dtype = config.params_dtype
-        out_std = lev.out_init_std if lev.out_init_std is not None else lev.init_std / math.sqrt(h)
+        out_std = lev.init_std / math.sqrt(h) if lev.out_init_std in (None, "match") else lev.out_init_std
         self.codebooks = DigitCodebooks(model_cfg.vocab_size, lev, dtype)
         self.base = self.codebooks.base
         self.proj = sharded_param([h, d, d], 0, normal_init(lev.init_std), dtype, tp_group)
@@ -74,6 +76,8 @@ class LEVInput(UniqueIdInput):
         for p in (self.ln_weight, self.ln_bias, self.spline_delta):
             p.no_weight_decay = True  # LN affine and the spline values (not regularised by the spec)
         self._health = None
+        if lev.out_init_std == "match":
+            self.match_init_rms(config.init_method_std)
 
     def chunk_for(self, device) -> int:
         """Unique ids per chunk of the spline product on ``device`` (a ``torch.device`` or its type):
@@ -102,8 +106,28 @@ class LEVInput(UniqueIdInput):
             with torch.no_grad():
                 edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))
                 self._health = {"m": M[:HEALTH_SAMPLE].detach().clone(), "edge": edge, "n": ids.numel()}
+        if self.lev.center:
+            M = M - 1.0  # model.lev.center: each M_l's common value 1 removed (ours)
         out = self.out_proj.float()
         return M.reshape(M.shape[0], -1) @ out.reshape(-1, out.shape[-1])
+
+    @torch.no_grad()
+    def match_init_rms(self, target: float) -> None:
+        """``model.lev.out_init_std: match``: scale each head's ``W_out_l`` so that its contribution ``M_l @
+        W_out_l`` has RMS ``target / sqrt(heads)`` over :data:`MATCH_SAMPLE` ids drawn with a fixed seed (the
+        same on every TP rank), so that ``G``'s RMS is about ``target`` (the heads' draws are independent). Per
+        head, hence the same at every TP size."""
+        gen = torch.Generator().manual_seed(MATCH_SEED)
+        n = min(MATCH_SAMPLE, self.vocab_size)
+        ids = torch.randperm(self.vocab_size, generator=gen)[:n].to(self.out_proj.device)
+        u = self.spline_inputs(ids)
+        M = spline_product(u, 1.0 + self.spline_delta.float(), self.lev.log_eps, self.chunk_for(u.device), False)
+        if self.lev.center:
+            M = M - 1.0
+        part = torch.einsum("nhr,hrd->nhd", M, self.out_proj.float())  # [n, h/tp, D]
+        rms = part.pow(2).mean(dim=(0, 2)).sqrt()  # [h/tp]
+        scale = (target / math.sqrt(self.lev.heads)) / rms.clamp_min(1e-12)
+        self.out_proj.mul_(scale.to(self.out_proj.dtype)[:, None, None])
 
     # -- introspection ----------------------------------------------------------------------------
     @property
@@ -135,7 +159,7 @@ def lev_health(layer, gather: bool = False) -> dict:
     if layer is None or layer._health is None:
         return {}
     hs = layer._health
-    m, out = hs["m"], layer.out_proj.float()
+    m, out = hs["m"] - (1.0 if layer.lev.center else 0.0), layer.out_proj.float()
     norms = torch.einsum("nhr,hrd->nhd", m, out).norm(dim=-1).pow(2).mean(0).sqrt()  # [h_local]
     edge = hs["edge"]
     first = layer.head_offset

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from leviathan_pretrain.dtypes import DTYPES as _DTYPES
-from leviathan_pretrain.dtypes import torch_dtype
+from data_prep.dtypes import DTYPES as _DTYPES
+from data_prep.dtypes import torch_dtype
 
 DTYPES = tuple(_DTYPES)
 

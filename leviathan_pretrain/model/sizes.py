@@ -9,6 +9,9 @@ Conventions:
   only the real ids ``[0, vocab_size)``.
 - ``input`` = the input representation; ``head`` = the untied output head (0 for TIED, whose head *is*
   the input table); ``body`` = transformer layers + final norm.
+
+What needs a variant's registry entry (its input's parameters, whether its head is tied) is counted in
+:mod:`.counts`, which imports this module and the registry (:mod:`.variants`), which imports this one: no cycle.
 """
 
 from __future__ import annotations
@@ -74,20 +77,6 @@ def flat_mlp_dims(model) -> tuple[int, int]:
     return e, _round_multiple(rest / (e + model.hidden_size))
 
 
-def input_params(model, tensor_parallel: int = 1) -> int:
-    """Parameters of the input representation (the whole model, not one TP rank's share). Tables count
-    their padded rows (what is allocated); matched widths are computed from the real vocabulary."""
-    return input_split(model, tensor_parallel).total
-
-
-def input_split(model, tensor_parallel: int = 1):
-    """The input layer's :class:`~leviathan_pretrain.model.variants.InputParams` (replicated + TP-sharded)."""
-    from leviathan_pretrain.model import variants
-
-    v_pad = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel)
-    return variants.get(model.variant).params(model, v_pad)
-
-
 def layer_params_split(model) -> tuple[int, int]:
     """One transformer layer's ``(replicated, tp_sharded)`` parameters: two RMSNorms; QKV, the attention output
     and SwiGLU (the matmul weights). No biases."""
@@ -101,25 +90,6 @@ def layer_params_split(model) -> tuple[int, int]:
 def body_params(model) -> int:
     """Transformer layers (RMSNorm, QKV, proj, SwiGLU; no biases) + the final norm."""
     return model.num_layers * sum(layer_params_split(model)) + model.hidden_size
-
-
-def head_params(model, tensor_parallel: int = 1) -> int:
-    from leviathan_pretrain.model import variants
-
-    if variants.get(model.variant).tied_head:
-        return 0
-    return padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tensor_parallel) * model.hidden_size
-
-
-def param_breakdown(model, tensor_parallel: int = 1) -> dict:
-    """``{"input", "body", "head", "total"}`` for the whole model (summed over TP ranks)."""
-    out = {
-        "input": input_params(model, tensor_parallel),
-        "body": body_params(model),
-        "head": head_params(model, tensor_parallel),
-    }
-    out["total"] = out["input"] + out["body"] + out["head"]
-    return out
 
 
 # The fused loss (model/loss.py) computes the head's logits at most this many bytes of fp32 logits a chunk at a

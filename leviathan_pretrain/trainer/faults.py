@@ -1,6 +1,6 @@
 """Faults: non-finite steps, preemption signals, and the exit codes a launcher acts on.
 
-Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`leviathan_pretrain.exit_codes`): ``0``
+Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`data_prep.exit_codes`): ``0``
 finished ``train.steps`` (final checkpoint written); ``1`` any other error, raised on one rank, it ends every rank
 at once (:func:`abort_rank`); ``2`` bad config or data (one line naming the key or file; a token id outside the
 vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with a checkpoint (re-run to continue);
@@ -24,9 +24,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from data_prep.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
+from data_prep.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE  # noqa: F401
 from leviathan_pretrain.config import TrainConfig
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
-from leviathan_pretrain.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE  # noqa: F401
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.trainer import peers
 

@@ -126,6 +126,8 @@ class Peers:
     def pulses(self) -> dict[int, tuple[int, float]]:
         """Every other rank's last pulse ``{rank: (step, unix time)}`` (a rank that never pulsed is absent)."""
         store = _store_client(READ_S)
+        if store is None:
+            raise RuntimeError("no MASTER_ADDR/MASTER_PORT: no job store")
         out = {}
         for r in range(len(self.hosts)):
             key = f"{ALIVE}{r}"

@@ -22,12 +22,14 @@ from tests.small_model import small_model_overrides
 
 VARIANTS = sys.argv[1].split(",")
 B, S, V = 2, 32, 1000  # V pads to 1024 at TP = 1 and TP = 2: identical master weights
+# option sets of a variant, run like one (name -> (variant, overrides))
+OPTIONS = {"lev_center_match": ("lev", ["model.lev.center=true", "model.lev.out_init_std=match"])}
 
 
 def small_cfg(variant, tp):
-    return load_config(
-        None, [*small_model_overrides(variant, V, S), "model.lev.token_chunk=7", f"parallel.tensor_parallel={tp}"]
-    )
+    variant, extra = OPTIONS.get(variant, (variant, []))
+    over = [*small_model_overrides(variant, V, S), "model.lev.token_chunk=7", f"parallel.tensor_parallel={tp}"]
+    return load_config(None, over + extra)
 
 
 def gather_full(t, p, group, tp):
@@ -59,7 +61,7 @@ def run(variant, tp, env, group):
         logits = torch.cat(parts, dim=-1)
     grads = {n: gather_full(p.grad, p, group, tp) for n, p in model.named_parameters()}
     attrs = {n: bool(getattr(p, "tensor_model_parallel", False)) for n, p in model.input_layer.named_parameters()}
-    full = model.input_layer.full_parameters() if variant == "lev" else {}
+    full = model.input_layer.full_parameters() if cfg.model.variant == "lev" else {}
     return {"logits": logits, "loss": loss.detach(), "grads": grads, "attrs": attrs, "full": full}
 
 

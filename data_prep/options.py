@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from leviathan_pretrain.dtypes import ALIASES, DTYPES, canonical
-from leviathan_pretrain.exit_codes import EXIT_BAD_INPUT
+from data_prep.dtypes import ALIASES, DTYPES, canonical
+from data_prep.exit_codes import EXIT_BAD_INPUT
 
 
 def add_option(ap, name: str, old=(), *, dest: str, required=False, positional=None, positional_help=None, **kw):
@@ -62,7 +62,7 @@ def add_checkpoint_options(ap, verb: str) -> None:
 
 
 def dtype(name: str) -> str:
-    """argparse ``type`` of ``--dtype``: :func:`~leviathan_pretrain.dtypes.canonical`, its error as argparse's."""
+    """argparse ``type`` of ``--dtype``: :func:`~data_prep.dtypes.canonical`, its error as argparse's."""
     try:
         return canonical(name)
     except ValueError as e:
