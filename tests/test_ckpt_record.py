@@ -113,7 +113,7 @@ def test_eval_report_round_trip_and_its_checks(tmp_path):
     written = json.loads((tmp_path / "eval" / "global_step30.json").read_text())
     assert list(written) == [
         *("schema", "run", "checkpoint", "tag", "step", "variant", "params", "tokens_seen", "created"),
-        *("heldout", "frequency", "wikitext", "lambada", "settings", "seconds"),
+        *("heldout", "frequency", "wikitext", "lambada", "geometry", "settings", "seconds"),
     ]
     assert EvalReport.read(tmp_path / "eval" / "global_step30.json") == rep
     brief = {k: written[k] for k in ("schema", "step", "variant", "params", "tokens_seen", "heldout")}

@@ -411,8 +411,8 @@ def test_real_trained_runs(trained_run, tmp_path):
         assert float(row["val_loss"]) == curve[-1][1]
         assert "no eval report" in row["notes"] and row["report"] == "" and row["wikitext_token_ppl"] == ""
         c = build(Config, cfg)
-        counts = counts.param_breakdown(c.model, c.parallel.tensor_parallel)
-        assert int(row["total_params"]) == counts["total"] and int(row["input_params"]) == counts["input"]
+        parts = counts.param_breakdown(c.model, c.parallel.tensor_parallel)
+        assert int(row["total_params"]) == parts["total"] and int(row["input_params"]) == parts["input"]
         assert int(row["tokens_seen"]) == 30 * cfg["train"]["global_batch_size"] * cfg["model"]["seq_length"]
         # tokens to reach, by hand: the first evaluation at or below the target, linear from the one before
         want = None
