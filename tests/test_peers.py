@@ -5,6 +5,7 @@ as the ranks' pulse threads write them. The real faults across two nodes: tests/
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -16,6 +17,17 @@ from leviathan_pretrain.trainer.faults import lost_peer
 
 GLOO_TIMEOUT = "[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv"
 GLOO_CLOSED = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.9.8.2]:41234. This is typically..."
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_outlives_a_test():
+    """The diagnosis reads and the pulse run in daemon threads; one still inside a c10d call when the interpreter
+    exits aborts it ("terminate called without an active exception"; the trainer leaves by ``os._exit``): join them."""
+    yield
+    for t in threading.enumerate():
+        if t.name.startswith("lev-peers-"):
+            t.join(30)
+            assert not t.is_alive(), t.name
 
 
 @pytest.fixture

@@ -97,17 +97,24 @@ class LEVInput(UniqueIdInput):
         y = y * self.ln_weight.float() + self.ln_bias.float()
         return torch.sigmoid(lev.sigmoid_scale * y).clamp(0.0, 1.0)
 
-    def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
-        """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
+    def head_values(self, ids: torch.Tensor, record: bool = False, recompute: bool | None = None) -> torch.Tensor:
+        """``M [n, h/tp, r]`` for this rank's heads (``model.lev.center``: ``M - 1``, ours), fp32; ``record``
+        keeps a sample of it and the spline inputs' saturation for :func:`lev_health`."""
         u = self.spline_inputs(ids)
         S = 1.0 + self.spline_delta.float()
-        M = spline_product(u, S, self.lev.log_eps, self.chunk_for(u.device), self.lev.recompute)
+        recompute = self.lev.recompute if recompute is None else recompute
+        M = spline_product(u, S, self.lev.log_eps, self.chunk_for(u.device), recompute)
+        if self.lev.center:
+            M = M - 1.0  # each M_l's common value 1 removed
         if record:
             with torch.no_grad():
                 edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))
                 self._health = {"m": M[:HEALTH_SAMPLE].detach().clone(), "edge": edge, "n": ids.numel()}
-        if self.lev.center:
-            M = M - 1.0  # model.lev.center: each M_l's common value 1 removed (ours)
+        return M
+
+    def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
+        M = self.head_values(ids, record)
         out = self.out_proj.float()
         return M.reshape(M.shape[0], -1) @ out.reshape(-1, out.shape[-1])
 
@@ -120,11 +127,7 @@ class LEVInput(UniqueIdInput):
         gen = torch.Generator().manual_seed(MATCH_SEED)
         n = min(MATCH_SAMPLE, self.vocab_size)
         ids = torch.randperm(self.vocab_size, generator=gen)[:n].to(self.out_proj.device)
-        u = self.spline_inputs(ids)
-        M = spline_product(u, 1.0 + self.spline_delta.float(), self.lev.log_eps, self.chunk_for(u.device), False)
-        if self.lev.center:
-            M = M - 1.0
-        part = torch.einsum("nhr,hrd->nhd", M, self.out_proj.float())  # [n, h/tp, D]
+        part = torch.einsum("nhr,hrd->nhd", self.head_values(ids, recompute=False), self.out_proj.float())
         rms = part.pow(2).mean(dim=(0, 2)).sqrt()  # [h/tp]
         scale = (target / math.sqrt(self.lev.heads)) / rms.clamp_min(1e-12)
         self.out_proj.mul_(scale.to(self.out_proj.dtype)[:, None, None])
@@ -159,7 +162,7 @@ def lev_health(layer, gather: bool = False) -> dict:
     if layer is None or layer._health is None:
         return {}
     hs = layer._health
-    m, out = hs["m"] - (1.0 if layer.lev.center else 0.0), layer.out_proj.float()
+    m, out = hs["m"], layer.out_proj.float()
     norms = torch.einsum("nhr,hrd->nhd", m, out).norm(dim=-1).pow(2).mean(0).sqrt()  # [h_local]
     edge = hs["edge"]
     first = layer.head_offset

@@ -83,6 +83,7 @@ class Peers:
     pulse_s: float = PULSE_S
     _by_address: dict = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _pulse: threading.Thread | None = None
 
     def __post_init__(self):
         for r, a in enumerate(self.addresses):
@@ -107,10 +108,15 @@ class Peers:
             except Exception:  # noqa: BLE001 - the store is gone (end of the job, a lost node): stop pulsing
                 return
 
-        threading.Thread(target=pulse, name="lev-peers-pulse", daemon=True).start()
+        self._pulse = threading.Thread(target=pulse, name="lev-peers-pulse", daemon=True)
+        self._pulse.start()
 
     def stop(self) -> None:
+        """End the pulse and wait for it (bounded): a daemon thread still inside a c10d call when the interpreter
+        exits aborts the process ("terminate called without an active exception", exit 134)."""
         self._stop.set()
+        if self._pulse is not None:
+            self._pulse.join(READ_S)
 
     def name(self, ranks: list[int]) -> str:
         by_host: dict[str, list[int]] = {}
