@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import warnings
 
@@ -71,10 +70,7 @@ def main(argv=None) -> int:
 
     code = None
     try:
-        code = run(cfg)
-        # done (a 75: checkpoint written): a SIGTERM now is srun ending the step because another rank already exited
-        # (--kill-on-bad-exit=1); it must not turn this exit into "Terminated" (143), which srun would report
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = run(cfg)  # SIGTERM and SIGUSR1 are ignored from its end on (StopSignals.settle)
     except (ConfigError, ShardError, CheckpointError) as e:  # the start-up checks raise these on every rank
         _error(e)
         code = EXIT_CONFIG

@@ -80,6 +80,14 @@ class StopSignals:
             signal.signal(s, h)
         self._old.clear()
 
+    def settle(self) -> None:
+        """The run is over and its exit code decided: from now on these signals are ignored. A SIGTERM now is
+        ``srun --kill-on-bad-exit=1`` ending the step because another rank exited first (a 75 too); with the
+        default action back it would turn this exit into "Terminated" (143), which srun reports instead of 75."""
+        for s in self.SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        self._old.clear()
+
 
 def stop_requested(t: TrainConfig, signals: StopSignals, step: int, t0: float, device) -> str | None:
     """Collective: why to stop now (a signal on any rank, ``train.exit_at_step``, ``train.exit_after_minutes``

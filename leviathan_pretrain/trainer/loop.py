@@ -98,7 +98,7 @@ def run(cfg: Config) -> int:
         finally:
             trainer.close()
     finally:
-        signals.uninstall()
+        signals.settle()  # whichever way it ends: the code is decided, a SIGTERM now must not change it
 
 
 class Trainer:
