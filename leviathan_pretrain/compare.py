@@ -6,8 +6,9 @@ Each RUN is a run directory (the trainer's ``train.out_dir``: ``train_log.jsonl`
 ``checkpoints/``, ``eval/<tag>.json``) or an evaluation report file (``python -m leviathan_pretrain.evaluate``).
 A run directory uses its report with the highest step; a run without one still gets its curves and its final
 validation loss from the training log. Writes ``comparison.md``, ``comparison.csv``, ``val_loss_vs_tokens.png``,
-``ppl_by_frequency.png`` and (when a report has WikiText) ``wikitext_ppl.png`` to ``--out`` (default
-``compare-<timestamp>/``). Bad input: one ``error:`` line, exit 2. docs/compare.md says how each number is made.
+``ppl_by_frequency.png``, (when a report has WikiText) ``wikitext_ppl.png`` and (when a training log has geometry
+records) ``geometry_vs_tokens.png`` to ``--out`` (default ``compare-<timestamp>/``). Bad input: one ``error:``
+line, exit 2. docs/compare.md says how each number is made.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from data_prep import options as cli
 from data_prep.fileio import write_bytes_atomic
+from leviathan_pretrain.evaluation import compare_geometry as geometry
 from leviathan_pretrain.evaluation import compare_tables as tables
 from leviathan_pretrain.evaluation.compare_tables import COLUMNS, Comparison, RunRow
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
@@ -74,6 +76,7 @@ class Run:
     consumed_samples: int | None = None
     train: list = field(default_factory=list)  # [(step, loss)]
     valid: list = field(default_factory=list)
+    geometry: dict = field(default_factory=dict)  # {"cosine", "eff_rank": [(step, value)]} of the input rows
     curve_source: str = ""
     notes: list = field(default_factory=list)
 
@@ -95,13 +98,14 @@ class Run:
         return [(s * tps, v) for s, v in points] if tps else []
 
 
-def read_train_log(path: Path) -> tuple[list, list]:
-    """Training and validation points of ``train_log.jsonl``."""
+def read_train_log(path: Path) -> tuple[list, list, dict]:
+    """Training and validation points of ``train_log.jsonl`` and its input rows' geometry records
+    (``{"cosine", "eff_rank": [(step, value)]}``, empty lists without them)."""
     try:
-        train, valid = read_log_values(path, "loss", "valid_loss")
+        train, valid, *geo = read_log_values(path, "loss", "valid_loss", *geometry.LOG_KEYS.values())
     except TrainLogError as e:
         raise CompareError(str(e)) from None
-    return train, valid
+    return train, valid, dict(zip(geometry.LOG_KEYS, geo))
 
 
 def read_events(tb_dir: Path) -> tuple[list, list]:
@@ -167,7 +171,7 @@ def load_run(arg: str) -> Run:
     if run.path is not None:
         layout = RunLayout(run.path)
         if layout.train_log.is_file():
-            run.train, run.valid = read_train_log(layout.train_log)
+            run.train, run.valid, run.geometry = read_train_log(layout.train_log)
             run.curve_source = LOG_NAME
         if not (run.train or run.valid) and layout.events.is_dir():
             run.train, run.valid = read_events(layout.events)
@@ -226,6 +230,7 @@ def run_metrics(run: Run) -> dict:
     wiki, lam = (rep and rep.wikitext) or {}, (rep and rep.lambada) or {}
     m["wikitext_token_ppl"], m["wikitext_word_ppl"] = wiki.get("token_ppl"), wiki.get("word_ppl")
     m["lambada_acc"] = lam.get("accuracy")
+    m.update(geometry.metrics(rep, run.geometry))  # the report's (end) and the training log's step 0 (init)
     return {k: v if v is not None and math.isfinite(v) else None for k, v in m.items()}  # NaN/inf/null: empty
 
 
@@ -263,27 +268,29 @@ def pick_baseline(runs: list, choice: str | None) -> tuple[int, str]:
     return 0, "--baseline"
 
 
-def metric_keys(metrics: list) -> tuple[list, list]:
-    """The columns of every run's metrics, in table order, and which of them are frequency buckets."""
-    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS))
-    buckets = [k for k in extra if k.startswith("ppl[")]
-    return [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:]], buckets
+def metric_keys(metrics: list) -> tuple[list, list, list]:
+    """The columns of every run's metrics, in table order, which of them are frequency buckets and which are
+    geometry columns (last; only those some run has a value for)."""
+    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS and k not in geometry.GEOMETRY))
+    buckets, geo = [k for k in extra if k.startswith("ppl[")], geometry.present(metrics)
+    keys = [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:], *geo]
+    return keys, buckets, geo
 
 
 def build_comparison(runs: list, base_i: int, why: str) -> Comparison:
     """The rows: each run's metrics, their change vs ``runs[base_i]``, the tokens it takes to reach the baseline's
-    final validation loss (the last point of its validation curve)."""
+    final validation loss (the last point of its validation curve). The geometry columns get no change."""
     metrics = [run_metrics(r) for r in runs]
-    keys, buckets = metric_keys(metrics)
+    keys, buckets, geo = metric_keys(metrics)
     curves = [r.curve(r.valid) for r in runs]
     target = curves[base_i][-1][1] if curves[base_i] else None
     reach = [tokens_to_reach(c, target) if target is not None else None for c in curves]
-    rows = []
+    rows, base = [], metrics[base_i]
     for i, (r, m, curve, x) in enumerate(zip(runs, metrics, curves, reach)):
-        change = {k: None if i == base_i else relative(m.get(k), metrics[base_i].get(k)) for k in keys}
+        change = {k: None if i == base_i or k in geo else relative(m.get(k), base.get(k)) for k in keys}
         ratio = reach[base_i] / x if x and reach[base_i] is not None else None
         rows.append(RunRow(r, i == base_i, m, change, curve, x, ratio))
-    return Comparison(rows, base_i, why, keys, buckets, target)
+    return Comparison(rows, base_i, why, keys, buckets, target, geo)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -305,6 +312,9 @@ def write_outputs(comp: Comparison, text: str, csv_text: str, out: Path) -> list
     if any(w.run.report and w.run.report.wikitext for w in rows):
         wiki = [(w.run.name, w.metrics.get("wikitext_token_ppl"), w.metrics.get("wikitext_word_ppl")) for w in rows]
         written.append(plots.wikitext_ppl(wiki, out / "wikitext_ppl.png"))
+    runs = [w.run for w in rows]
+    if geometry.has_records(runs):
+        written.append(plots.geometry_vs_tokens(geometry.series(runs), out / "geometry_vs_tokens.png"))
     return written
 
 

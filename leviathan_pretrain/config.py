@@ -351,9 +351,14 @@ class LoggingConfig:
     # figure, see trainer/metrics.py), and no MFU where it is unknown (every CPU: its peak is not knowable
     # reliably from software, so an MFU there could mean anything).
     peak_flops: float | None = None
+    # The token vectors' geometry (model/geometry.py: input rows and head rows over 2,048 seeded ids) at step 0 and
+    # every N steps (and the last): TensorBoard geometry/{input,head}/..., train_log.jsonl. 0: never.
+    geometry_interval: int = 100
+    geometry_buckets: bool = False  # also per training-frequency bucket (needs the shards' counts.npy; costlier)
 
     def validate(self, prefix: str) -> None:
         require(self.log_interval >= 1, f"{prefix}.log_interval", "must be >= 1")
+        require(self.geometry_interval >= 0, f"{prefix}.geometry_interval", "must be >= 0 (0: never)")
         require(self.peak_flops is None or self.peak_flops > 0, f"{prefix}.peak_flops", "must be > 0 or null")
 
 

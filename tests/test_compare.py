@@ -43,17 +43,33 @@ def config(variant: str, gbs: int, seq: int, out_dir: Path) -> dict:
     }
 
 
-def make_run(root: Path, name: str, variant: str, valid: dict, *, gbs=8, seq=128, log="jsonl", step=300) -> Path:
+def geometry_record(step: int, cosine: float, eff_rank: float) -> dict:
+    """A trainer's geometry step record (flat keys, no "loss"): the input rows' ``cosine`` and ``eff_rank`` as
+    given, the other numbers and a bucket's (which compare ignores) made up."""
+    rec = {"step": step}
+    for part, c, r in (("input", cosine, eff_rank), ("head", cosine / 2, eff_rank * 2)):
+        rec.update({f"geometry/{part}/rms": 0.02, f"geometry/{part}/cosine": c, f"geometry/{part}/mean_share": c})
+        rec.update({f"geometry/{part}/eff_rank": r, f"geometry/{part}/rare/cosine": 0.999})
+    return rec
+
+
+def make_run(root: Path, name: str, variant: str, valid: dict, *, gbs=8, seq=128, log="jsonl", step=300,
+             geometry=None) -> Path:  # fmt: skip
     """A run directory: training loss every 10 steps + ``valid`` ({step: loss}) in train_log.jsonl (log="jsonl")
-    or in TensorBoard events only (log="tensorboard"), and ``checkpoints/global_step<step>`` with its record."""
+    or in TensorBoard events only (log="tensorboard"), and ``checkpoints/global_step<step>`` with its record;
+    ``geometry`` ({step: (input cosine, input eff_rank)}): geometry records in train_log.jsonl."""
     run = root / name
     train = {s: 7.0 - 2.0 * s / step for s in range(10, step + 1, 10)}
+    geometry = geometry or {}
     if log == "jsonl":
         recs = [{"step": 0, "event": "layout", "world": 1}]
+        recs += [geometry_record(0, *geometry[0])] if 0 in geometry else []
         for s in range(10, step + 1, 10):
             recs.append({"step": s, "loss": train[s], "lr": 1e-3, "grad_norm": 1.0, "consumed_samples": s * gbs})
             if s in valid:
                 recs.append({"step": s, "valid_loss": valid[s], "valid_perplexity": math.exp(valid[s])})
+            if s in geometry:
+                recs.append(geometry_record(s, *geometry[s]))
         recs.append({"step": step, "event": "finished", "steps": step})
         run.mkdir(parents=True)
         (run / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -76,7 +92,9 @@ def make_run(root: Path, name: str, variant: str, valid: dict, *, gbs=8, seq=128
 
 
 def make_report(run: Path, variant: str, *, step=300, total=1_000_000, inp=100_000, val=(4.1, 60.3), test_ppl=None,
-                bucket_ppl=None, wiki=None, lambada=None) -> Path:  # fmt: skip
+                bucket_ppl=None, wiki=None, lambada=None, geometry="absent") -> Path:  # fmt: skip
+    """An evaluation report in run/eval/; ``geometry``: "absent" (no key: an older report), None (null: evaluate
+    --no-geometry) or (input cosine, input eff_rank, head cosine)."""
     heldout = [{"name": "val", "prefix": "/d/val", "tokens": 100000, "documents": 120, "loss": val[0], "ppl": val[1]}]
     if test_ppl is not None:
         heldout.append(
@@ -118,6 +136,16 @@ def make_report(run: Path, variant: str, *, step=300, total=1_000_000, inp=100_0
                            "token_ppl": wiki[0], "word_ppl": wiki[1]}  # fmt: skip
     if lambada is not None:
         rep["lambada"] = {"path": "/d/lambada", "examples": 100, "skipped": {}, "accuracy": lambada, "ppl": 850.0}
+    if geometry is None:
+        rep["geometry"] = None
+    elif geometry != "absent":
+
+        def part(cosine, eff_rank):
+            numbers = {"rows": 2048, "width": 128, "rms": 0.05, "cosine": cosine, "mean_share": 0.5}
+            return {**numbers, "eff_rank": eff_rank, "buckets": [{"name": "unseen", "types": 9, **numbers,
+                                                                  "cosine": 0.999, "eff_rank": 1.5}]}  # fmt: skip
+
+        rep["geometry"] = {"sample": 2048, "seed": 0, "input": part(*geometry[:2]), "head": part(geometry[2], 99.0)}
     path = run / "eval" / f"global_step{step}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rep, indent=1))
@@ -205,12 +233,14 @@ def test_compare_three_runs(runs, tmp_path):
     md = (out / "comparison.md").read_text()
     assert p.stdout.startswith(md.rstrip("\n"))  # the console: the table first
     assert md.count("| lev-a |") == 3 and "tied-b (baseline)" in md  # default baseline: the first tied run
+    assert "cosine" not in md and "rank" not in md  # no report or log has geometry: no geometry columns
     assert "54.75 (-9.2%)" in md  # val ppl vs the baseline's 60.3
     assert "no eval report" in md and "curves from TensorBoard events" in md
     assert all(b in md for b in BUCKETS)
 
     rows = read_csv(out)
     assert list(rows) == ["lev-a", "tied-b", "untied-tb"]
+    assert not [k for k in rows["lev-a"] if "cosine" in k or "rank" in k]
     assert [rows[r]["baseline"] for r in rows] == ["False", "True", "False"]
     assert [rows[r]["variant"] for r in rows] == ["lev", "tied", "untied"]
     for run, key in (("lev-a", "lev"), ("tied-b", "tied")):
@@ -311,6 +341,82 @@ def test_report_without_heldout_and_empty_buckets(runs, tmp_path):
     assert row["ppl[unseen]"] == row["ppl[>=1e-03]"] == "" and float(row["ppl[<1e-07]"]) == 600.0
     assert float(row["ppl[<1e-07]_vs_baseline_pct"]) == pytest.approx(20.0)
     assert row["tokens_to_baseline_loss"] == "not reached"
+
+
+# Geometry records of the input rows, {step: (cosine, eff_rank)}: lev from init (step 0); tied resumed from a
+# checkpoint of older code (no step 0 record); untied logs none.
+LEV_GEO = {0: (0.9, 3.0), 100: (0.6, 20.0), 200: (0.4, 40.0), 300: (0.3, 55.5)}
+TIED_GEO = {200: (0.05, 100.0), 300: (0.04, 110.0)}
+
+
+def md_section(md: str, title: str) -> str:
+    """The text of ``## title`` up to the next section."""
+    return md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_geometry_columns_and_plot(tmp_path):
+    root = tmp_path / "runs"
+    lev = make_run(root, "lev-a", "lev", LEV_VALID, geometry=LEV_GEO)
+    tied = make_run(root, "tied-b", "tied", TIED_VALID, geometry=TIED_GEO)
+    untied = make_run(root, "untied-c", "untied", UNTIED_VALID, gbs=2, seq=256)
+    make_report(lev, "lev", val=(4.0, 54.75), geometry=(0.2874, 57.04, 0.0512))
+    make_report(tied, "tied", geometry=(0.0123, 120.44, 0.0123))
+    make_report(untied, "untied", val=(4.3, 73.7), geometry=None)  # evaluate --no-geometry: null
+    out = tmp_path / "out"
+    p = ok(lev, tied, untied, "--out", out)
+
+    rows = read_csv(out)
+    keys = ("input_cosine_init", "input_cosine", "input_eff_rank", "head_cosine")
+    assert list(rows["lev-a"])[-len(keys) - 4 : -4] == list(keys)  # after the other metrics, before the curve's
+    got = {run: {k: row[k] for k in keys} for run, row in rows.items()}
+    assert got["lev-a"] == {"input_cosine_init": "0.9", "input_cosine": "0.2874", "input_eff_rank": "57.04",
+                            "head_cosine": "0.0512"}  # fmt: skip
+    assert got["tied-b"] == {"input_cosine_init": "", "input_cosine": "0.0123", "input_eff_rank": "120.44",
+                             "head_cosine": "0.0123"}  # fmt: skip
+    assert got["untied-c"] == dict.fromkeys(keys, "")
+    assert not any(k.endswith("_vs_baseline_pct") and ("cosine" in k or "rank" in k) for k in rows["lev-a"])
+    assert float(rows["lev-a"]["val_ppl_vs_baseline_pct"]) == pytest.approx(100 * (54.75 - 60.3) / 60.3)
+
+    md = (out / "comparison.md").read_text()
+    assert "cosine" not in md.split("\n## ")[0]  # the run table: as before
+    geo = md_section(md, "Token-vector geometry")
+    assert "| run | input cosine at init | input cosine | input eff. rank | head cosine |" in geo
+    assert "| lev-a | 0.900 | 0.287 | 57.0 | 0.051 |" in geo  # plain values: no (+x%)
+    assert "| tied-b (baseline) |  | 0.012 | 120.4 | 0.012 |" in geo
+    assert "| untied-c |  |  |  |  |" in geo
+
+    png = out / "geometry_vs_tokens.png"
+    assert f"wrote {png}" in p.stdout
+    data = png.read_bytes()
+    assert data[:8] == PNG and int.from_bytes(data[16:20], "big") >= 1000 and int.from_bytes(data[20:24], "big") >= 600
+    assert not [q.name for q in out.iterdir() if q.name.startswith(".")]  # no temporary file left
+
+    # what the plot draws: steps to tokens as for the loss curves (x 8 x 128), a line per run, none for untied
+    from leviathan_pretrain.compare import load_run
+    from leviathan_pretrain.evaluation.compare_geometry import series
+
+    drawn = series([load_run(str(r)) for r in (lev, tied, untied)])
+    assert drawn[0] == {"name": "lev-a", "cosine": [(s * 1024, c) for s, (c, _) in LEV_GEO.items()],
+                        "eff_rank": [(s * 1024, r) for s, (_, r) in LEV_GEO.items()]}  # fmt: skip
+    assert drawn[1]["cosine"] == [(204800, 0.05), (307200, 0.04)] and drawn[1]["eff_rank"][-1] == (307200, 110.0)
+    assert drawn[2] == {"name": "untied-c", "cosine": [], "eff_rank": []}
+
+    # report geometry but no geometry records: the report's columns (no "at init"), no plot; an old report
+    # without the key: empty cells
+    albert = make_run(root, "albert-d", "albert", {300: 4.3})
+    make_report(albert, "albert", geometry=(0.5, 30.26, 0.125))
+    flat = make_run(root, "flat-e", "flat", {300: 4.5})
+    make_report(flat, "flat")
+    out2 = tmp_path / "out2"
+    p = ok(untied, albert, flat, "--out", out2)
+    rows = read_csv(out2)
+    assert "input_cosine_init" not in rows["albert-d"]
+    assert [rows["albert-d"][k] for k in keys[1:]] == ["0.5", "30.26", "0.125"]
+    assert [rows["flat-e"][k] for k in keys[1:]] == ["", "", ""]
+    assert not (out2 / "geometry_vs_tokens.png").exists() and "geometry_vs_tokens" not in p.stdout
+    geo = md_section((out2 / "comparison.md").read_text(), "Token-vector geometry")
+    assert "| run | input cosine | input eff. rank | head cosine |" in geo
+    assert "| albert-d | 0.500 | 30.3 | 0.125 |" in geo and "| flat-e |  |  |  |" in geo
 
 
 def test_tokens_to_reach_by_hand():

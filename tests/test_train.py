@@ -98,6 +98,38 @@ def test_pipeline_combined_with_tp_and_dp():
         assert max(abs(gn[s] - gn_ref[s]) / gn_ref[s] for s in got) <= GN_TOL, (name, gn, gn_ref)
 
 
+def geometry_at(name: str, step: int) -> dict:
+    recs = [r for r in records(name) if r.get("step") == step and "geometry/input/cosine" in r]
+    assert len(recs) == 1, f"{name}: {len(recs)} geometry records at step {step}"
+    return {k: v for k, v in recs[0].items() if k.startswith("geometry/")}
+
+
+@pytest.mark.multiproc
+def test_geometry_at_init_is_read_the_same_at_every_layout():
+    """The token vectors' geometry the trainer logs at step 0 (trainer/geometry_log.py, the model as initialised),
+    read off the training model in place: TP 2 (LEV's rows partial over TP, the head's vocab-parallel rows), ZeRO 3
+    (parameters gathered) and PP 2 (input rows on the first stage, head rows on the last; TIED's head its tied
+    copy there) give the one-process values; LEV starts with its common mode, a N(0, 0.02^2) table without."""
+    single_process_runs()
+    dp_tp_runs()
+    pipe_runs()
+    keys = {f"geometry/{part}/{m}" for part in ("input", "head") for m in ("rms", "cosine", "mean_share", "eff_rank")}
+    for name, ref in (("tp2", "ref"), ("dp2_z3", "ref"), ("ref_pipe", "ref"), ("pp2_full", "ref_pipe"),
+                      ("pp2_tied", "ref_pipe_tied")):  # fmt: skip
+        got, want = geometry_at(name, 0), geometry_at(ref, 0)
+        assert set(got) == set(want) == keys, (name, sorted(got))
+        bad = {k: (got[k], want[k]) for k in keys if abs(got[k] - want[k]) > 1e-5 * max(1.0, abs(want[k]))}
+        assert not bad, f"{name} vs {ref}: {bad}"
+    lev, tied = geometry_at("ref", 0), geometry_at("ref_pipe_tied", 0)
+    assert lev["geometry/input/cosine"] > 0.5 and lev["geometry/input/mean_share"] > 0.5  # docs/lev.md
+    assert abs(lev["geometry/head/cosine"]) < 0.01  # the untied head: a N(0, 0.02^2) table
+    assert abs(tied["geometry/input/rms"] - 0.02) < 0.002 and abs(tied["geometry/input/cosine"]) < 0.01
+    assert all(tied[f"geometry/input/{m}"] == tied[f"geometry/head/{m}"] for m in ("rms", "cosine", "eff_rank"))
+    # every logging.geometry_interval steps (100 by default) and at the last step: the full run's step 60
+    start, end = geometry_at("dp2_z2_full", 0), geometry_at("dp2_z2_full", 60)
+    assert end["geometry/input/cosine"] != start["geometry/input/cosine"]
+
+
 @pytest.mark.multiproc
 def test_non_finite_steps_are_skipped_and_counted():
     single_process_runs()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from leviathan_pretrain.evaluation.compare_geometry import GEOMETRY
 
 COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets and the buckets go after val_ppl
     "total_params": ("params", "count"), "input_params": ("input params", "count"), "tokens_seen": ("tokens", "count"),
@@ -39,9 +41,11 @@ class Comparison:
     rows: list  # [RunRow], in the order of the runs
     base_i: int
     why: str  # how the baseline was chosen
-    keys: list  # the metric columns: COLUMNS' first five, the other heldout sets, the buckets, the rest of COLUMNS
+    keys: list  # the metric columns: COLUMNS' first five, the other heldout sets, the buckets, the rest of COLUMNS,
+    # the geometry columns
     buckets: list  # the ``ppl[<bucket>]`` keys
     target: float | None  # the last point of the baseline's validation curve in tokens
+    geometry: list = field(default_factory=list)  # the GEOMETRY keys some run has a value for, in GEOMETRY's order
 
     @property
     def base(self) -> RunRow:
@@ -60,6 +64,8 @@ def fmt(v, kind: str) -> str:
             if abs(v) >= scale:
                 return f"{v / scale:.4g}{suffix}"
         return f"{v:g}"
+    if kind == "rank":
+        return f"{v:.1f}"
     if kind == "ppl":
         return f"{v:.2f}" if v < 100 else f"{v:.1f}" if v < 1e4 else f"{v:,.0f}"
     return f"{v:.4f}" if kind == "loss" else f"{v:.2f}x" if kind == "ratio" else f"{v:.3f}"
@@ -81,7 +87,8 @@ def _unreached(row: RunRow, comp: Comparison) -> str:
 
 
 def csv_text(comp: Comparison) -> str:
-    """``comparison.csv``: one line per run, every metric with its change vs the baseline in percent."""
+    """``comparison.csv``: one line per run, every metric with its change vs the baseline in percent (the geometry
+    columns without one)."""
     lines = []
     for row in comp.rows:
         r = row.run
@@ -89,7 +96,9 @@ def csv_text(comp: Comparison) -> str:
         line.update(report=str(r.report_path or ""), report_step=r.report.step if r.report else "")
         for k in comp.keys:
             v, change = row.metrics.get(k), row.change[k]
-            line[k], line[f"{k}_vs_baseline_pct"] = "" if v is None else v, "" if change is None else change
+            line[k] = "" if v is None else v
+            if k not in comp.geometry:
+                line[f"{k}_vs_baseline_pct"] = "" if change is None else change
         line["curve_final_val_loss"] = row.curve[-1][1] if row.curve else ""
         line["tokens_to_baseline_loss"] = _unreached(row, comp) if row.reach is None else row.reach
         line["baseline_tokens_over_run_tokens"] = "" if row.ratio is None else row.ratio
@@ -107,20 +116,21 @@ def _cells(row: RunRow, keys: list) -> dict:
     cells = {}
     for k in keys:
         change = row.change[k]
-        shown = fmt(row.metrics.get(k), COLUMNS.get(k, ("", "ppl"))[1])
+        shown = fmt(row.metrics.get(k), {**COLUMNS, **GEOMETRY}.get(k, ("", "ppl"))[1])
         cells[k] = shown + ("" if change is None else f" ({change:+.1f}%)")
     return cells
 
 
 def markdown(comp: Comparison) -> str:
-    """``comparison.md`` (also printed): the main table, the frequency buckets, the tokens to the target, the
-    reports."""
-    main_rows, freq_rows, reach_rows = [], [], []
-    plain = [k for k in comp.keys if k not in comp.buckets]
+    """``comparison.md`` (also printed): the main table, the frequency buckets, the token-vector geometry, the tokens
+    to the target, the reports."""
+    main_rows, freq_rows, geo_rows, reach_rows = [], [], [], []
+    plain = [k for k in comp.keys if k not in comp.buckets and k not in comp.geometry]
     for row in comp.rows:
         cells, name = _cells(row, comp.keys), row.label
         main_rows.append([name, row.run.variant, *(cells[k] for k in plain), "; ".join(row.run.notes)])
         freq_rows.append([name, *(cells[k] for k in comp.buckets)])
+        geo_rows.append([name, *(cells[k] for k in comp.geometry)])
         missing = _unreached(row, comp)
         got = fmt(row.reach, "count") if row.reach is not None else missing or "no validation curve in tokens"
         final = fmt(row.curve[-1][1] if row.curve else None, "loss")
@@ -137,6 +147,14 @@ def markdown(comp: Comparison) -> str:
     if comp.buckets:
         md += ["\n## Perplexity by training-frequency bucket of the target token\n"]
         md += [md_table(["run", *comp.bucket_names], freq_rows)]
+    if comp.geometry:
+        md += [
+            "\n## Token-vector geometry\n",
+            "Mean pairwise cosine and effective rank of the input rows and the output head's rows (docs/evaluation.md, "
+            "Token-vector geometry): at the end from the eval report, at init from the training log's step 0; plain "
+            "values, no change vs the baseline.\n",
+            md_table(["run", *(GEOMETRY[k][0] for k in comp.geometry)], geo_rows),
+        ]
     md += ["\n## Tokens to reach the baseline's final validation loss\n"]
     if comp.target is None:
         md.append(f"Not computed: the baseline {base.run.name} has no validation curve in tokens.")

@@ -135,3 +135,32 @@ def wikitext_ppl(series: list, path: Path) -> Path:
     ax.set_ylabel("perplexity (lower is better)")
     ax.set_title("WikiText perplexity")
     return _save(fig, path)
+
+
+def geometry_vs_tokens(series: list, path: Path) -> Path:
+    """Two panels: the input rows' mean pairwise cosine (left) and effective rank (right) vs training tokens, one
+    colour per run (the training log's geometry records: step 0 is the model at init).
+    ``series``: [{"name", "cosine": [(tokens, value)], "eff_rank": [(tokens, value)]}], a run without records too."""
+    plt = _pyplot()
+    from matplotlib.ticker import EngFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=SIZE)
+    panels = (("cosine", "Input cosine", "mean pairwise cosine of the input rows"),
+              ("eff_rank", "Input effective rank", "effective rank of the input rows"))  # fmt: skip
+    for ax, (key, title, label) in zip(axes, panels):
+        drawn = [s for s in series if s[key]]
+        for s, color in zip(series, colors(len(series))):
+            if s[key]:
+                x, y = zip(*s[key])
+                ax.plot(x, y, color=color, linewidth=2, marker="o", markersize=3, label=s["name"])
+        if not drawn:
+            _empty(ax, "no geometry records in tokens\n(training log + config)")
+        else:
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+            ax.set_xlabel("training tokens seen (step x global batch x sequence length)")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.35)
+            ax.legend(fontsize=9)
+        ax.set_title(title)
+    fig.suptitle("Token-vector geometry of the input rows vs training tokens (step 0: the model at init)")
+    return _save(fig, path)

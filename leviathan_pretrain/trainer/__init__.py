@@ -12,6 +12,7 @@
 - :mod:`.state`       ``TrainState``: step, samples consumed, skipped steps; per-rank RNG state
 - :mod:`.reshard`     resume at another data-parallel size (DeepSpeed universal checkpoint)
 - :mod:`.metrics`     TensorBoard, console line, ``train_log.jsonl``, throughput/MFU/memory
+- :mod:`.geometry_log` the token vectors' geometry during training, read off the model at any TP / PP / ZeRO
 - :mod:`.faults`      non-finite steps, SIGTERM/SIGUSR1, the stop vote (exit codes: ``data_prep.exit_codes``)
 - :mod:`.peers`       every rank's host, its pulse in the job's store, the line naming a lost or stalled peer
 - :mod:`.loop`        the training loop tying them together

@@ -40,6 +40,7 @@ from leviathan_pretrain.trainer.faults import (
     is_finite,
     stop_requested,
 )
+from leviathan_pretrain.trainer.geometry_log import geometry_stats, id_groups
 from leviathan_pretrain.trainer.metrics import (
     Metrics,
     check_tensorboard,
@@ -160,6 +161,7 @@ class Trainer:
         # the per-step stop vote's on the world group included, after parallel.timeout_minutes
         self.peers = record_peers(cfg.parallel.timeout_minutes)
         set_group_timeouts(cfg.parallel.timeout_minutes)
+        self.geometry_ids = id_groups(cfg) if cfg.logging.geometry_interval else None
 
     def close(self) -> None:
         self.peers.stop()
@@ -207,6 +209,12 @@ class Trainer:
             **memory_stats(self.denv.device),
             **health,
         }
+
+    def log_geometry(self) -> None:
+        """The token vectors' geometry now (collective; ``logging.geometry_interval``, trainer/geometry_log.py)."""
+        if self.geometry_ids is not None:
+            stats = geometry_stats(self.cfg, self.eng.module(), self.dims, self.geometry_ids)
+            self.metrics.geometry(self.state.step, stats)
 
     def train_step(self) -> tuple[dict, float]:
         """One optimizer step (``state.step`` already advanced)."""
@@ -271,6 +279,8 @@ class Trainer:
         if st.step >= t.steps:
             m.event(st.step, "already complete", steps=t.steps)
             return EXIT_OK
+        if self.latest is None:
+            self.log_geometry()  # the model as initialised: step 0
         interval_t, interval_steps = time.perf_counter(), 0
         while st.step < t.steps:
             st.step += 1
@@ -282,6 +292,9 @@ class Trainer:
                 extra = self.log_extra(loss, (time.perf_counter() - interval_t) / interval_steps)
                 interval_t, interval_steps = time.perf_counter(), 0
             m.train_step(st.step, rec, extra)
+            every = cfg.logging.geometry_interval
+            if every and (st.step % every == 0 or st.step == t.steps):
+                self.log_geometry()
             if t.eval_interval and (st.step % t.eval_interval == 0 or st.step == t.steps):
                 self.validate()
             stop_reason = stop_requested(t, self.signals, st.step, self.t0, self.denv.device)

@@ -12,6 +12,9 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
   (2**30 bytes; also the console line's ``mem``),
   ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
 - every validation: ``valid/loss``, ``valid/perplexity``
+- at step 0 and every ``logging.geometry_interval`` steps: ``geometry/{input,head}/{rms,cosine,mean_share,
+  eff_rank}`` (trainer/geometry_log.py; per frequency bucket ``geometry/input/<bucket>/...`` too with
+  ``logging.geometry_buckets``), also as a step record of those keys in ``train_log.jsonl``
 
 ``train_log.jsonl`` (in ``train.out_dir``) gets one JSON record per step with the exact float loss (and the
 step's wall time, ``step_time_s``, which ``benchmarks/bench_train.py --summarize`` reads; on log steps also the
@@ -187,6 +190,13 @@ class Metrics:
                 + f"mem {mem:.2f} GiB | skipped {rec['skipped_total']}",
                 flush=True,
             )
+
+    def geometry(self, step: int, stats: dict) -> None:
+        """The token vectors' geometry (trainer/geometry_log.py): a step record of its flat keys + scalars."""
+        if not self.is_writer or not stats:
+            return
+        self.record({"step": step, **stats})
+        self.scalars(step, stats)
 
     def valid(self, step: int, loss: float) -> None:
         if not self.is_writer:
