@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         "## Commands",
         "",
         "```bash",
-        "bash benchmarks/repro_small.sh            # data, 13 runs, evaluate, compare (resumable)",
+        "bash benchmarks/repro_small.sh            # data, the runs, evaluate, compare (resumable)",
         "python benchmarks/results_small.py        # this page",
         "```",
         "",

@@ -121,6 +121,8 @@ LEV = register(
         ),
         describe=lambda m: (
             f"d_seed {m.lev.seed_dim}, h {m.lev.heads}, K {m.lev.knots}, r {m.lev.rank}, {m.lev.digits} digits"
+            + (", centred" if m.lev.center else "")
+            + (f", W_out init {m.lev.out_init_std}" if m.lev.out_init_std is not None else "")
         ),
         tp_widths=lambda m: {"lev.heads": m.lev.heads},
         digits=True,
