@@ -1,6 +1,8 @@
-"""``benchmarks/repro_small.sh --dry``: the small study end to end (corpus -> tokenizer -> per-source shards -> the
-13 runs, two steps each, through ``launchers.slurm sweep``/``submit`` on the test SLURM cluster -> evaluate ->
-compare), and a second invocation that finds everything done and redoes nothing."""
+"""``benchmarks/repro_small.sh --dry``: the small study end to end (corpus -> tokenizer -> per-source shards -> 13 of
+its runs (``--runs``: every variant, both second seeds, and one run of each kind of override: learning rate, LEV's
+sizes, steps, LEV's centring + matched init, another config), two steps each, through ``launchers.slurm sweep``/
+``submit`` on the test SLURM cluster -> evaluate -> compare), and a second invocation that finds everything done and
+redoes nothing."""
 
 from __future__ import annotations
 
@@ -16,12 +18,24 @@ import pytest
 from tests.multiproc import REPO, base_env
 
 pytestmark = pytest.mark.multiproc
-RUNS = 13
+SWEEP = [f"sweep/tiny-cpu-{v}" for v in ("tied", "untied", "albert", "lev", "flat_mlp", "factored_mlp")]
+ONLY = [*SWEEP, "tied-seed2", "lev-seed2", "lev-spec", "lev-lr10", "tied-long", "lev-center-match", "lev-iso"]
+RUNS = len(ONLY)  # 13 (of the study's 17: the two-step runs check the pipeline, not the model)
 
 
 def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", "benchmarks/repro_small.sh", "--dry", "--out", str(out), "--corpus", str(corpus)],
+        [
+            "bash",
+            "benchmarks/repro_small.sh",
+            "--dry",
+            "--out",
+            str(out),
+            "--corpus",
+            str(corpus),
+            "--runs",
+            " ".join(ONLY),
+        ],  # fmt: skip
         cwd=REPO,
         env=base_env(),
         capture_output=True,
@@ -49,6 +63,12 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert cfg["config"]["optim"]["lev_lr_mult"] == 10.0
     spec = json.loads((out / "runs" / "lev-spec" / "checkpoints" / "global_step2" / "leviathan.json").read_text())
     assert spec["config"]["model"]["lev"]["seed_dim"] == 128 and spec["config"]["model"]["lev"]["rank"] == 64
+    lev = json.loads(
+        (out / "runs" / "lev-center-match" / "checkpoints" / "global_step2" / "leviathan.json").read_text()
+    )
+    assert lev["config"]["model"]["lev"]["center"] is True and lev["config"]["model"]["lev"]["out_init_std"] == "match"
+    iso = json.loads((out / "runs" / "lev-iso" / "checkpoints" / "global_step2" / "leviathan.json").read_text())
+    assert iso["config"]["model"]["num_layers"] == 6 and iso["config"]["model"]["variant"] == "lev"
     prefixes = cfg["config"]["data"]["prefixes"]
     assert sorted(p.rsplit(".", 1)[1] for p in prefixes) == ["Dictionary", "Github", "PythonDocs"]  # per source
     for png in ("val_loss_vs_tokens.png", "ppl_by_frequency.png"):
