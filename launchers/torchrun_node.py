@@ -12,7 +12,8 @@
   step's code as 143 ("Force Terminated") and the job was not requeued (seen in CI). So SIGTERM is this module's:
   passed on to the workers (a SIGTERM sent to the agent alone still reaches the trainer, which checkpoints and
   exits 75; under SLURM they get it themselves too), the agent keeps waiting for them, and the signal is ignored
-  from the moment ``run`` ends, whichever way.
+  from the moment ``run`` ends, whichever way. One that comes before the workers exist (during the rendezvous)
+  reaches nobody; under SLURM the SIGKILL that follows it after ``KillWait`` ends the step.
 - **SIGUSR1 is the workers' business.** SLURM's warning signal (``--signal=USR1@LEAD``) reaches every process of
   the step, torchrun's agent included, where its default action would kill the agent and its workers with it.
   The agent ignores it; the workers install the trainer's handler (checkpoint, exit 75). SIGINT, SIGHUP and
