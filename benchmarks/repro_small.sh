@@ -64,6 +64,11 @@ BODY=(model.vocab_size=$VOCAB train.micro_batch_size=8 train.global_batch_size=1
 [ "$DRY" = 1 ] && BODY+=(train.micro_batch_size=2 train.global_batch_size=4 train.eval_interval=2 train.eval_iters=1
                          optim.warmup_steps=1 logging.log_interval=1)
 SPEC_LEV=(model.lev.seed_dim=128 model.lev.heads=8 model.lev.knots=16 model.lev.rank=64)  # docs/lev.md defaults
+# LEV's depth at equal total parameters to UNTIED (the paper's v1 protocol, configs/README.md) at this vocabulary: the
+# nearer of the two depths that bracket UNTIED's total (configs/tiny-cpu-lev-iso.yaml is the same at its 8k vocabulary)
+ISO_LAYERS=$(python -m leviathan_pretrain.params --config configs/tiny-cpu-lev.yaml --iso-to configs/tiny-cpu-untied.yaml \
+    --json model.vocab_size=$VOCAB | python -c 'import json, sys; i = json.load(sys.stdin); t = i["target"]
+print(min((g for g in (i["below"], i["above"]) if g), key=lambda g: abs(g["total"] - t))["num_layers"])')
 # name | config | steps | extra overrides
 RUNS=(
   "sweep/tiny-cpu-tied|tied|$STEPS|"
@@ -80,11 +85,11 @@ RUNS=(
   "tied-long|tied|$LONG_STEPS|"
   "lev-long|lev|$LONG_STEPS|"
   # issue 32: without LEV's common mode at init (model.lev.center, model.lev.out_init_std: docs/lev.md), and at equal total
-  # parameters to UNTIED by depth (configs/tiny-cpu-lev-iso.yaml, 6 layers)
+  # parameters to UNTIED by depth at the study's vocabulary (ISO_LAYERS above)
   "lev-center|lev|$STEPS|model.lev.center=true"
   "lev-match|lev|$STEPS|model.lev.out_init_std=match"
   "lev-center-match|lev|$STEPS|model.lev.center=true model.lev.out_init_std=match"
-  "lev-iso|lev-iso|$STEPS|"
+  "lev-iso|lev|$STEPS|model.num_layers=$ISO_LAYERS"
 )
 
 # ---------------------------------------------------------------- 1-2. data

@@ -24,6 +24,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from results_small_lev import section as lev_section  # benchmarks/, this script's directory
+
 REPO = Path(__file__).resolve().parents[1]
 READING = "## Reading"
 PLACEHOLDER = "(to be written by hand from the numbers above)"
@@ -191,6 +193,8 @@ def main(argv=None) -> int:
         "## Seed-to-seed spread",
         "",
         *(spread(study) or ["(the second-seed runs are not finished)"]),
+        "",
+        *lev_section(study, list(configs), configs, report),
         "",
         "## Plots",
         "",

@@ -10,8 +10,9 @@ object with exactly those four keys. The closed form lives in ``leviathan_pretra
 checked against real (and meta-device) megatron-core models in tests/test_params.py.
 
 ``--iso-to OTHER``: the paper's v1 protocol, equal total parameters by depth. Prints the ``model.num_layers`` of
-this config (with its overrides) whose total is nearest below and above OTHER's total (OTHER as it is), both
-totals and their ratio to OTHER's; ``--json`` prints ``{target, below: {num_layers, total}, above: {...}}``.
+this config whose total is nearest below and above OTHER's total, both totals and their ratio to OTHER's. The
+overrides apply to both configs (the vocabulary, width or TP you compare at: ``model.vocab_size=16000`` moves
+both totals); the search replaces this config's ``model.num_layers`` only; ``--json`` prints ``{target, below: {num_layers, total}, above: {...}}``.
 Only depth changes: LEV's savings exist against a model with an input table *and* a head (UNTIED); against TIED
 LEV is the larger one (its head), so the nearest below has fewer layers.
 """
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--iso-to",
         metavar="OTHER",
-        help="the num_layers that brings this config's total nearest to OTHER's (a config file), below and above",
+        help="the num_layers that brings this config's total nearest to OTHER's (a config file; the overrides apply "
+        "to both), below and above",
     )
     return ap
 
@@ -72,7 +74,11 @@ def iso_layers(cfg, target: int) -> dict:
 
 
 def format_iso(cfg, other_path: str, iso: dict) -> str:
-    lines = [f"{cfg.model.variant}: num_layers for the total of {other_path} ({iso['target']:,d})"]
+    m = cfg.model
+    lines = [
+        f"{m.variant}: num_layers for the total of {other_path} ({iso['target']:,d}; vocab_size={m.vocab_size} "
+        f"hidden={m.hidden_size} tensor_parallel={cfg.parallel.tensor_parallel} in both)"
+    ]
     for key in ("below", "above"):
         got = iso[key]
         if got is None:
@@ -90,7 +96,7 @@ def main(argv=None) -> int:
 def _params(args) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.iso_to:
-        other = load_config(args.iso_to)
+        other = load_config(args.iso_to, args.overrides)  # compared at the same vocabulary, width, TP
         iso = iso_layers(cfg, breakdown(other)["total"])
         print(json.dumps(iso) if args.json else format_iso(cfg, args.iso_to, iso))
         return 0

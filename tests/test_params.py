@@ -125,6 +125,20 @@ def test_iso_to_brackets_the_other_total_and_the_iso_configs_take_the_nearest(sc
     }
 
 
+def test_iso_to_applies_the_overrides_to_both_configs(capsys):
+    """The small study runs tiny-cpu at a 16k vocabulary: its equal-parameter depth is found at 16k in both models
+    (UNTIED's two tables grow with it), not against UNTIED at its config's 8k (which gave 4 layers, 0.65x)."""
+    argv = ["--config", f"{REPO}/configs/tiny-cpu-lev.yaml", "--iso-to", f"{REPO}/configs/tiny-cpu-untied.yaml"]
+    assert params_main([*argv, "--json", "model.vocab_size=16000"]) == 0
+    iso = json.loads(capsys.readouterr().out)
+    untied = load_config(REPO / "configs/tiny-cpu-untied.yaml", ["model.vocab_size=16000"]).model
+    target = param_counts.param_breakdown(untied, 1)["total"]
+    assert iso["target"] == target == 11_602_176 and iso["below"]["total"] <= target < iso["above"]["total"]
+    assert (iso["below"]["num_layers"], iso["above"]["num_layers"]) == (8, 9)
+    assert params_main([*argv, "model.vocab_size=16000"]) == 0
+    assert "vocab_size=16000 hidden=256 tensor_parallel=1 in both)" in capsys.readouterr().out
+
+
 def test_iso_to_a_smaller_model_has_no_depth_below(capsys):
     assert (
         params_main(["--config", f"{REPO}/configs/1.2b-lev.yaml", "--iso-to", f"{REPO}/configs/tiny-cpu-tied.yaml"])

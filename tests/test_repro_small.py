@@ -68,7 +68,9 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     )
     assert lev["config"]["model"]["lev"]["center"] is True and lev["config"]["model"]["lev"]["out_init_std"] == "match"
     iso = json.loads((out / "runs" / "lev-iso" / "checkpoints" / "global_step2" / "leviathan.json").read_text())
-    assert iso["config"]["model"]["num_layers"] == 6 and iso["config"]["model"]["variant"] == "lev"
+    assert iso["config"]["model"]["num_layers"] == 9 and iso["config"]["model"]["variant"] == "lev"
+    totals = {r["run"]: int(r["total_params"]) for r in rows}  # equal to UNTIED's at the study's vocabulary
+    assert abs(totals["lev-iso"] / totals["tiny-cpu-untied"] - 1) < 0.025, totals
     prefixes = cfg["config"]["data"]["prefixes"]
     assert sorted(p.rsplit(".", 1)[1] for p in prefixes) == ["Dictionary", "Github", "PythonDocs"]  # per source
     for png in ("val_loss_vs_tokens.png", "ppl_by_frequency.png"):
@@ -85,6 +87,13 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert len(run_rows) == RUNS, text
     assert "Trained through SLURM: 13-runs" in text and "| lev-seed2 vs sweep/tiny-cpu-lev |" in text
     assert "WikiText word ppl | unseen |" in text
+    # the LEV section: every LEV run (5 here) against TIED and LEV, geometry at init from the log's step 0
+    lev = text.split("## LEV without its common mode", 1)[1].split("\n## ", 1)[0]
+    rows = {x.split(" | ")[0][2:]: x for x in lev.splitlines() if x.startswith("| ") and " -> " in x}
+    assert sorted(rows) == ["lev-center-match", "lev-iso", "lev-seed2", "lev-spec", "sweep/tiny-cpu-lev"], lev
+    assert "centred, W_out init match | 4 |" in rows["lev-center-match"] and "(sweep/tiny-cpu-lev)" in rows["lev-iso"]
+    assert "| 9 |" in rows["lev-iso"] and re.search(r"\| \d\.\d{3} -> \d\.\d{3} \|", rows["lev-spec"]), lev
+    assert "Seed spread (seed 1235 vs 1234, the same data order): TIED val ppl " in lev and "; LEV val ppl" in lev
     # the reports are named from --study as given; the machine's absolute path stands nowhere (a relative --study
     # that climbs to / ends in that path, so it counts only where no '.' of a '../' stands before it)
     assert f"- tiny-cpu-lev: {rel}/runs/sweep/tiny-cpu-lev/eval/global_step2.json" in text, text
