@@ -9,7 +9,8 @@
 # 2. a 16k SentencePiece BPE tokenizer (data_prep.train_tokenizer), shards per source (--split-by-set, blended by
 #    size in training) and the validation split (data_prep.tokenize);
 # 3. the runs (RUNS below: six variants on one body, two second seeds, the three follow-up questions, and issue
-#    32's runs without LEV's common mode and at equal total parameters), each on
+#    32's runs without LEV's common mode (also at spec sizes, a second seed, 3x tokens) and at equal total
+#    parameters), each on
 #    2 CPU ranks (DP=2): through `python -m launchers.slurm sweep`/`submit` when a SLURM cluster answers (sinfo)
 #    and --launcher is not local, else through launchers/local.py;
 # 4. python -m leviathan_pretrain.evaluate on the runs without a report, in one process (validation ppl, frequency
@@ -90,6 +91,11 @@ RUNS=(
   "lev-match|lev|$STEPS|model.lev.out_init_std=match"
   "lev-center-match|lev|$STEPS|model.lev.center=true model.lev.out_init_std=match"
   "lev-iso|lev|$STEPS|model.num_layers=$ISO_LAYERS"
+  # centring (the better of the two options at tiny sizes: docs/results-small.md) at the spec's sizes, at the second
+  # seed, and at 3x the tokens (against tied-long)
+  "lev-spec-center|lev|$STEPS|${SPEC_LEV[*]} model.lev.center=true"
+  "lev-center-seed2|lev|$STEPS|model.lev.center=true train.seed=1235"
+  "lev-center-long|lev|$LONG_STEPS|model.lev.center=true"
 )
 
 # ---------------------------------------------------------------- 1-2. data

@@ -24,12 +24,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from results_small_lev import section as lev_section  # benchmarks/, this script's directory
+from results_small_lev import PAIRS  # benchmarks/, this script's directory
+from results_small_lev import section as lev_section
 
 REPO = Path(__file__).resolve().parents[1]
 READING = "## Reading"
 PLACEHOLDER = "(to be written by hand from the numbers above)"
-PAIRS = [("sweep/tiny-cpu-tied", "tied-seed2"), ("sweep/tiny-cpu-lev", "lev-seed2")]
 
 
 def report(study: Path, name: str) -> dict | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TIED, LEV = "sweep/tiny-cpu-tied", "sweep/tiny-cpu-lev"
-SEED_PAIRS = {"tied": (TIED, "tied-seed2"), "lev": (LEV, "lev-seed2")}
+PAIRS = [(TIED, "tied-seed2"), (LEV, "lev-seed2"), ("lev-center", "lev-center-seed2")]  # seed 1234, seed 1235
 
 
 def pct(v, base) -> str:
@@ -102,13 +102,13 @@ def section(study: Path, names: list[str], configs: dict, report) -> list[str]:
             f"{fmt(g.get('eff_rank'), '.1f')} |"
         )
     spread = []
-    for variant, (a, b) in SEED_PAIRS.items():
+    for a, b in PAIRS:
         if a in reports and b in reports:
             ra, rb = reports[a], reports[b]
             parts = [f"val ppl {pct(rb['heldout'][0]['ppl'], ra['heldout'][0]['ppl'])}"]
             for k in (rare, freq):
                 parts.append(f"{k} {pct(buckets(rb).get(k, {}).get('ppl'), buckets(ra).get(k, {}).get('ppl'))}")
-            spread.append(f"{variant.upper()} {', '.join(parts)}")
+            spread.append(f"{a.split('/')[-1]} {', '.join(parts)}")
     measured = "; ".join(spread) or "not measured yet"
     lines += ["", f"Seed spread (seed 1235 vs 1234, the same data order): {measured}."]
     return lines

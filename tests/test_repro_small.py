@@ -20,7 +20,7 @@ from tests.multiproc import REPO, base_env
 pytestmark = pytest.mark.multiproc
 SWEEP = [f"sweep/tiny-cpu-{v}" for v in ("tied", "untied", "albert", "lev", "flat_mlp", "factored_mlp")]
 ONLY = [*SWEEP, "tied-seed2", "lev-seed2", "lev-spec", "lev-lr10", "tied-long", "lev-center-match", "lev-iso"]
-RUNS = len(ONLY)  # 13 (of the study's 17: the two-step runs check the pipeline, not the model)
+RUNS = len(ONLY)  # 13 (of the study's 20: the two-step runs check the pipeline, not the model)
 
 
 def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
@@ -93,7 +93,8 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert sorted(rows) == ["lev-center-match", "lev-iso", "lev-seed2", "lev-spec", "sweep/tiny-cpu-lev"], lev
     assert "centred, W_out init match | 4 |" in rows["lev-center-match"] and "(sweep/tiny-cpu-lev)" in rows["lev-iso"]
     assert "| 9 |" in rows["lev-iso"] and re.search(r"\| \d\.\d{3} -> \d\.\d{3} \|", rows["lev-spec"]), lev
-    assert "Seed spread (seed 1235 vs 1234, the same data order): TIED val ppl " in lev and "; LEV val ppl" in lev
+    assert "Seed spread (seed 1235 vs 1234, the same data order): tiny-cpu-tied val ppl " in lev
+    assert "; tiny-cpu-lev val ppl " in lev
     # the reports are named from --study as given; the machine's absolute path stands nowhere (a relative --study
     # that climbs to / ends in that path, so it counts only where no '.' of a '../' stands before it)
     assert f"- tiny-cpu-lev: {rel}/runs/sweep/tiny-cpu-lev/eval/global_step2.json" in text, text
