@@ -28,7 +28,7 @@ REPO=$PWD
 
 OUT="" LAUNCHER=auto CORPUS="" DRY=0 ONLY=""
 WIKITEXT="$REPO/../shared/data/wikitext-103-test.raw"
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header comment
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;

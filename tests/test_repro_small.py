@@ -108,3 +108,15 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("skipped") == RUNS and "evaluating" not in p.stdout
     assert (out / "timings.tsv").read_text().splitlines() == timings
+
+
+def test_help_is_the_whole_header():
+    """``--help`` prints the script's header comment whole (a fixed line range once cut its last lines off)."""
+    p = subprocess.run(["bash", "benchmarks/repro_small.sh", "--help"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    header = []
+    for line in (REPO / "benchmarks" / "repro_small.sh").read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        header.append(re.sub(r"^# ?", "", line))
+    assert p.returncode == 0 and p.stdout.splitlines() == header and "--dry: two steps per run" in p.stdout
