@@ -12,7 +12,8 @@ checked against real (and meta-device) megatron-core models in tests/test_params
 ``--iso-to OTHER``: the paper's v1 protocol, equal total parameters by depth. Prints the ``model.num_layers`` of
 this config whose total is nearest below and above OTHER's total, both totals and their ratio to OTHER's. The
 overrides apply to both configs (the vocabulary, width or TP you compare at: ``model.vocab_size=16000`` moves
-both totals); the search replaces this config's ``model.num_layers`` only; ``--json`` prints ``{target, below: {num_layers, total}, above: {...}}``.
+both totals); the search replaces this config's ``model.num_layers`` only. ``--json`` prints ``{target, below:
+{num_layers, total}, above: {...}}``.
 Only depth changes: LEV's savings exist against a model with an input table *and* a head (UNTIED); against TIED
 LEV is the larger one (its head), so the nearest below has fewer layers.
 """
