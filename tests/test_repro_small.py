@@ -89,7 +89,8 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert "WikiText word ppl | unseen |" in text
     # the LEV section: every LEV run (6 here) against TIED and LEV, geometry at init from the log's step 0
     lev = text.split("## LEV without its common mode", 1)[1].split("\n## ", 1)[0]
-    rows = {x.split(" | ")[0][2:]: x for x in lev.splitlines() if x.startswith("| ") and " -> " in x}
+    rows = [x for x in lev.splitlines() if x.startswith("| ") and " -> " in x and not x.startswith("| run |")]
+    rows = {x.split(" | ")[0][2:]: x for x in rows}  # run -> its row
     assert sorted(rows) == sorted(n for n in ONLY if n.startswith("lev") or n == "sweep/tiny-cpu-lev"), lev
     assert "centred, W_out init match | 4 |" in rows["lev-center-match"] and "(sweep/tiny-cpu-lev)" in rows["lev-iso"]
     assert "| 9 |" in rows["lev-iso"] and re.search(r"\| \d\.\d{3} -> \d\.\d{3} \|", rows["lev-spec"]), lev
