@@ -71,21 +71,22 @@ def section(study: Path, names: list[str], configs: dict, report) -> list[str]:
     lines = [
         "## LEV without its common mode, and at equal total parameters",
         "",
-        "Every LEV run against the TIED and the LEV run trained on as many tokens (the sweep's where there is one). "
+        "Every LEV run against the TIED, UNTIED (equal total parameters for lev-iso) and LEV run trained on as many "
+        "tokens (the sweep's where there is one). "
         f"Buckets: the rarest and the most frequent with scored tokens ({rare}: {tok[rare]:,} tokens; {freq}: "
         f"{tok[freq]:,}), their ppl and the change vs TIED. Geometry of the input rows (model/geometry.py): mean "
         "pairwise cosine at init (the training log's step 0) and at the end (the evaluation report), effective rank "
         "at the end.",
         "",
-        f"| run | input layer | layers | params | val ppl | vs TIED | vs LEV | {rare} | {freq} | input cosine init "
-        "-> end | input eff. rank |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| run | input layer | layers | params | val ppl | vs TIED | vs UNTIED | vs LEV | {rare} | {freq} | input "
+        "cosine init -> end | input eff. rank |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     from leviathan_pretrain.model import variants
 
     for n in lev_runs:
         r, cfg = reports[n], configs.get(n)
-        t, lv = reference(reports, seeds, n, "tied"), reference(reports, seeds, n, "lev")
+        t, u, lv = (reference(reports, seeds, n, v) for v in ("tied", "untied", "lev"))
         ppl = r["heldout"][0]["ppl"]
         cells = []
         for b in (rare, freq):
@@ -97,7 +98,7 @@ def section(study: Path, names: list[str], configs: dict, report) -> list[str]:
         layers = cfg.model.num_layers if cfg else "?"
         lines.append(
             f"| {n} | {shape} | {layers} | {r['params']['total'] / 1e6:.3f}M | {ppl:.2f} | "
-            f"{versus(ppl, reports, t, n)} | {versus(ppl, reports, lv, n)} | "
+            f"{versus(ppl, reports, t, n)} | {versus(ppl, reports, u, n)} | {versus(ppl, reports, lv, n)} | "
             f"{' | '.join(cells)} | {fmt(cos0, '.3f') or '-'} -> {fmt(cos1, '.3f') or '-'} | "
             f"{fmt(g.get('eff_rank'), '.1f')} |"
         )
