@@ -96,6 +96,9 @@ RUNS=(
   "lev-spec-center|lev|$STEPS|${SPEC_LEV[*]} model.lev.center=true"
   "lev-center-seed2|lev|$STEPS|model.lev.center=true train.seed=1235"
   "lev-center-long|lev|$LONG_STEPS|model.lev.center=true"
+  # the rank cap: LEV's table has rank <= heads x rank (64 at these sizes, below hidden 256: docs/lev.md); centred
+  # with rank 64 (h x r = 256, the same d_seed; +0.15M input parameters) separates the cap from LEV's size
+  "lev-center-r64|lev|$STEPS|model.lev.center=true model.lev.rank=64"
 )
 
 # ---------------------------------------------------------------- 1-2. data

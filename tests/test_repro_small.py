@@ -20,7 +20,7 @@ from tests.multiproc import REPO, base_env
 pytestmark = pytest.mark.multiproc
 SWEEP = [f"sweep/tiny-cpu-{v}" for v in ("tied", "untied", "albert", "lev", "flat_mlp", "factored_mlp")]
 ONLY = [*SWEEP, "tied-seed2", "lev-seed2", "lev-spec", "lev-lr10", "tied-long", "lev-center-match", "lev-iso"]
-RUNS = len(ONLY)  # 13 (of the study's 20: the two-step runs check the pipeline, not the model)
+RUNS = len(ONLY)  # 13 (of the study's 21: the two-step runs check the pipeline, not the model)
 
 
 def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
