@@ -91,8 +91,8 @@ RUNS=(
   "lev-match|lev|$STEPS|model.lev.out_init_std=match"
   "lev-center-match|lev|$STEPS|model.lev.center=true model.lev.out_init_std=match"
   "lev-iso|lev|$STEPS|model.num_layers=$ISO_LAYERS"
-  # centring (the better of the two options at tiny sizes: docs/results-small.md) at the spec's sizes, at the second
-  # seed, and at 3x the tokens (against tied-long)
+  # centring (the better of the two options at tiny sizes: docs/lev.md, "What they do at small scale") at the spec's sizes,
+  # at the second seed, and at 3x the tokens (against tied-long)
   "lev-spec-center|lev|$STEPS|${SPEC_LEV[*]} model.lev.center=true"
   "lev-center-seed2|lev|$STEPS|model.lev.center=true train.seed=1235"
   "lev-center-long|lev|$LONG_STEPS|model.lev.center=true"
