@@ -24,7 +24,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from results_small_lev import PAIRS  # benchmarks/, this script's directory
+from results_small_lev import PAIRS, pct  # benchmarks/, this script's directory
 from results_small_lev import section as lev_section
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,25 +101,20 @@ def body(cfg) -> str:
     )
 
 
-def spread(study: Path) -> list[str]:
-    """Seed-to-seed differences of val ppl and each bucket's ppl (relative), for TIED and for LEV."""
-    from leviathan_pretrain.compare import relative
-
-    def cell(v, base) -> str:
-        change = relative(v, base)
-        return "" if change is None else f"{change:+.1f}%"
-
+def spread(reports: dict) -> list[str]:
+    """Seed-to-seed differences of val ppl and each bucket's ppl (relative) of each pair of :data:`PAIRS` in
+    ``reports`` (run name -> its evaluation report)."""
     rows = []
     for a, b in PAIRS:
-        ra, rb = report(study, a), report(study, b)
+        ra, rb = reports.get(a), reports.get(b)
         if not (ra and rb):
             continue
         wa, wb = ra.get("wikitext") or {}, rb.get("wikitext") or {}
-        cells = [cell(rb["heldout"][0]["ppl"], ra["heldout"][0]["ppl"]), cell(wb.get("word_ppl"), wa.get("word_ppl"))]
-        cells += [cell(y["ppl"], x["ppl"]) for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"])]
+        cells = [pct(rb["heldout"][0]["ppl"], ra["heldout"][0]["ppl"]), pct(wb.get("word_ppl"), wa.get("word_ppl"))]
+        cells += [pct(y["ppl"], x["ppl"]) for x, y in zip(ra["frequency"]["buckets"], rb["frequency"]["buckets"])]
         rows.append(f"| {b} vs {a} | " + " | ".join(cells) + " |")
     if rows:
-        names = [b["name"] for b in report(study, PAIRS[0][0])["frequency"]["buckets"]]
+        names = [b["name"] for b in reports[PAIRS[0][0]]["frequency"]["buckets"]]
         head = "| seed 1235 vs seed 1234 | val ppl | WikiText word ppl | " + " | ".join(names) + " |"
         rows = [head, "|" + " --- |" * (len(names) + 3), *rows]
     return rows
@@ -149,8 +144,9 @@ def main(argv=None) -> int:
              "| launcher wall time | eval wall time |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     configs = {name: run_config(study / "runs" / name) for name in run_names(study)}
+    reports = {name: r for name in configs if (r := report(study, name))}  # read once, for every table below
     for name, cfg in configs.items():
-        r = report(study, name) or {}
+        r = reports.get(name, {})
         shape = input_shape(cfg.model) if cfg else "?"
         p, t = r.get("params", {}), times.get(name, {})
         total, inp = p.get("total", 0) / 1e6, p.get("input_layer", 0) / 1e6
@@ -192,9 +188,9 @@ def main(argv=None) -> int:
         "",
         "## Seed-to-seed spread",
         "",
-        *(spread(study) or ["(the second-seed runs are not finished)"]),
+        *(spread(reports) or ["(the second-seed runs are not finished)"]),
         "",
-        *lev_section(study, list(configs), configs, report),
+        *lev_section(study, reports, configs),
         "",
         "## Plots",
         "",

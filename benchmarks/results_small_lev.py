@@ -55,21 +55,21 @@ def ppl_cell(v) -> str:
 
 
 def init_cosine(run: Path) -> float | None:
-    """The input rows' mean pairwise cosine at step 0 of the run's training log (None: a run resumed from older
-    code logs none)."""
+    """The input rows' mean pairwise cosine at step 0 of the run's training log (as ``compare`` reads it)."""
+    from leviathan_pretrain.evaluation.compare_geometry import LOG_KEYS, init_value
     from leviathan_pretrain.rundir.train_log import LOG_NAME, read_log_values
 
-    (points,) = read_log_values(run / LOG_NAME, "geometry/input/cosine")
-    return next((v for s, v in points if s == 0), None)
+    (points,) = read_log_values(run / LOG_NAME, LOG_KEYS["cosine"])
+    return init_value(points)
 
 
 def fmt(v, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
-def section(study: Path, names: list[str], configs: dict, report) -> list[str]:
-    """Markdown lines of the section (``[]`` when the study has no evaluated LEV run and TIED)."""
-    reports = {n: r for n in names if (r := report(study, n))}
+def section(study: Path, reports: dict, configs: dict) -> list[str]:
+    """Markdown lines of the section from ``reports`` (run name -> its evaluation report) and ``configs`` (run name
+    -> its config or None); ``[]`` when the study has no evaluated LEV run and TIED."""
     seeds = {n: c.train.seed for n, c in configs.items() if c is not None}
     if TIED not in reports:
         return []
