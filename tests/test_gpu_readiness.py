@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from leviathan_pretrain.model.gpt import (
     build_layer_spec,
     build_transformer_config,
 )
+from tests import benchmark_scripts
 from tests.multiproc import RANK_VARS, REPO, base_env, no_cuda_touch, one_rank_world
 
 TINY = "configs/tiny-cpu-lev.yaml"
@@ -208,10 +208,7 @@ def test_block_forward_on_cpu_does_not_touch_cuda_when_cuda_exists(world, monkey
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "benchmarks" / "bench_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("bench_train")
 
 
 def test_bench_train_sets_the_cpu_accelerator_only_for_cpu_runs(monkeypatch):

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def lev_fit():
-    spec = importlib.util.spec_from_file_location("lev_fit", REPO / "benchmarks" / "lev_fit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("lev_fit")
 
 
 def test_r2_is_one_for_the_table_and_zero_for_its_mean_row(lev_fit):
