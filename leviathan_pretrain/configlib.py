@@ -175,11 +175,16 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
         obj.validate(prefix)
 
 
-def load(cls: type, path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Any:
-    data: dict = read_yaml(path) if path is not None else {}
+def apply_overrides(data: dict, overrides: list[str] | tuple) -> None:
+    """Set each dotted ``key=value`` of ``overrides`` in the plain tree ``data``, in order."""
     for text in overrides:
         keys, value = parse_override(text)
         set_dotted(data, keys, value)
+
+
+def load(cls: type, path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Any:
+    data: dict = read_yaml(path) if path is not None else {}
+    apply_overrides(data, overrides)
     try:
         cfg = build(cls, data)
         validate_tree(cfg)
