@@ -16,10 +16,14 @@ explained (R^2 = 1 - residual / variance about the set's mean row):
 
 This is a diagnostic (issue 32), not a training run: an optimiser fitting rows directly is not the language model's
 gradient, so a form that fits well might still train badly; one that cannot fit the table cannot learn it either,
-whatever its start.
+whatever its start. A fit is also an optimisation: its R^2 is what the optimiser reached, a lower bound on what the
+form can do. ``--lr`` takes several rates and keeps, per fit, the one with the lowest fitted objective over every
+seen id; the output says which won, and warns when the smallest one tried did (a smaller one may do better still).
+The defaults suit the tiny sizes; the paper's form at the spec's sizes (a product of 128 factors) needs ``--lr 1e-3``
+or lower.
 
     python benchmarks/lev_fit.py --run RUN [--form NAME=KEY=VALUE[,KEY=VALUE]...] [--weight frequency]
-                                 [--steps N] [--json OUT]
+                                 [--steps N] [--lr LR [LR ...]] [--json OUT]
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"a LEV form: comma-separated overrides on the run's config (default: {FORMS})")  # fmt: skip
     p.add_argument("--steps", type=int, default=1500, help="optimiser steps per fit (default 1500)")
     p.add_argument("--batch", type=int, default=2048, help="ids per step, drawn uniformly from the seen ids")
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam's peak learning rate (cosine to 0; default 3e-3)")
+    p.add_argument("--lr", type=float, nargs="+", default=[3e-3],
+                   help="Adam's peak learning rate (cosine to 0; default 3e-3); several: best kept")  # fmt: skip
     p.add_argument("--weight", choices=("uniform", "frequency"), default="uniform",
                    help="the fit's weight of an id: alike (the table's geometry; default) or its training count "
                         "(what the language model's loss weighs)")  # fmt: skip
@@ -58,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         name, sep, spec = f.partition("=")
         if not name or "." in name or not sep or any("=" not in o for o in spec.split(",") if o):
             p.error(f"--form {f!r}: expected NAME=KEY=VALUE[,KEY=VALUE] (or NAME= for the run's own sizes)")
+    if any(lr <= 0 for lr in args.lr):
+        p.error(f"--lr {args.lr}: learning rates must be > 0")
     return args
 
 
@@ -90,7 +97,23 @@ def lev_model_config(run_cfg, overrides: list[str]):
     return cfg
 
 
-def fit(cfg, target, seen, weights, args, label: str):
+def objective(target, rows, seen, weights) -> float:
+    """What a fit minimises, over every seen id: the weighted mean of the rows' squared error."""
+    w = weights[seen].double()
+    return float((w * (rows[seen].double() - target[seen].double()).pow(2).sum(1)).sum() / w.sum())
+
+
+def best_fit(cfg, target, seen, weights, args, label: str):
+    """``fit`` at each of ``args.lr``: the rows with the lowest ``objective``, their lr, and each lr's objective."""
+    tried = {}
+    for lr in args.lr:
+        rows = fit(cfg, target, seen, weights, args, label + (f" lr {lr:g}" if len(args.lr) > 1 else ""), lr)
+        tried[lr] = (objective(target, rows, seen, weights), rows)
+    lr = min(tried, key=lambda k: tried[k][0])
+    return tried[lr][1], lr, {f"{k:g}": v[0] for k, v in tried.items()}
+
+
+def fit(cfg, target, seen, weights, args, label: str, lr: float):
     """LEV (``cfg.model``) fitted to ``target``'s rows at ``seen``, each row weighted by ``weights[seen]`` (a batch
     draws ids with those probabilities; an id drawn n times counts n times); its rows for every id, fp32."""
     import torch
@@ -100,7 +123,7 @@ def fit(cfg, target, seen, weights, args, label: str):
 
     torch.manual_seed(args.seed)
     layer = LEVInput(build_transformer_config(cfg.model, BuildSettings(device="cpu")), cfg.model)
-    opt = torch.optim.Adam(layer.parameters(), lr=args.lr)
+    opt = torch.optim.Adam(layer.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     gen = torch.Generator().manual_seed(args.seed)
     probs = weights[seen].double() / weights[seen].double().sum()
@@ -164,24 +187,43 @@ def main(argv=None) -> int:
         k = cfg.model.lev.heads * cfg.model.lev.rank
         if k not in bounds:
             bounds[k] = scores(target, rank_bound(target, seen, k, weights), seen, counts, buckets)
-        rows = fit(cfg, target, seen, weights, args, name)
+        rows, lr, tried = best_fit(cfg, target, seen, weights, args, name)
         entry = {"overrides": spec, "k": k, "fit": scores(target, rows, seen, counts, buckets), "rank_bound": bounds[k]}
+        entry["lr"] = {"fit": lr, "fit_objective": tried}
         if not args.no_noise:
-            noise_rows = fit(cfg, noise, seen, weights, args, name + " (noise)")
+            noise_rows, lr, tried = best_fit(cfg, noise, seen, weights, args, name + " (noise)")
             entry["noise"] = scores(noise, noise_rows, seen, counts, buckets)
+            entry["lr"].update(noise=lr, noise_objective=tried)
         results["forms"][name] = entry
+    lrs = " ".join(f"{lr:g}" for lr in args.lr)
     print(f"LEV fitted to {args.run} (step {tr.step}, {len(seen)} seen ids), {args.weight} weights, "
-          f"{args.steps} steps x {args.batch} ids, lr {args.lr:g}, seed {args.seed}")  # fmt: skip
+          f"{args.steps} steps x {args.batch} ids, lr {lrs}, seed {args.seed}")  # fmt: skip
     print(table(results, [name for name, _ in buckets]))
+    for line in lr_notes(results, args.lr):
+        print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
+def lr_notes(results: dict, lrs: list[float]) -> list[str]:
+    """What the learning rates say about the R^2 values: one tried, a lower bound; the smallest won, try smaller."""
+    if len(lrs) == 1:
+        return [f"One learning rate ({lrs[0]:g}): each R^2 is what the optimiser reached, a lower bound on the form's "
+                "fit; give --lr several rates to keep the best of each."]  # fmt: skip
+    notes = []
+    for name, e in results["forms"].items():
+        for what in ("fit", "noise"):
+            if what in e["lr"] and e["lr"][what] == min(lrs):
+                notes.append(f"warning: {name} ({what}): the smallest learning rate tried ({min(lrs):g}) fitted "
+                             "best; a smaller one may fit better still.")  # fmt: skip
+    return notes
+
+
 def table(results: dict, bucket_names: list[str]) -> str:
     """The R^2 values as a Markdown table: a row per form and what it was fitted to."""
-    head = ["form", "k = h x r", "fitted to", "R^2 overall", "R^2 freq-weighted", *bucket_names]
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|---|" + "---:|" * (len(head) - 3)]
+    head = ["form", "k = h x r", "fitted to", "lr", "R^2 overall", "R^2 freq-weighted", *bucket_names]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---|---:|" + "---:|" * (len(head) - 4)]
     labels = {"fit": "the table", "rank_bound": "the table, best rank k (SVD)", "noise": "noise of its RMS"}
     for name, e in results["forms"].items():
         for what, label in labels.items():
@@ -189,7 +231,8 @@ def table(results: dict, bucket_names: list[str]) -> str:
                 s = e[what]
                 cells = [f"{s['overall']:.3f}", f"{s['frequency_weighted']:.3f}"]
                 cells += [f"{s['buckets'][b]:.3f}" if b in s["buckets"] else "" for b in bucket_names]
-                lines.append(f"| {name} | {e['k']} | {label} | " + " | ".join(cells) + " |")
+                lr = f"{e['lr'][what]:g}" if what in e["lr"] else ""  # the rank bound is an SVD, no lr
+                lines.append(f"| {name} | {e['k']} | {label} | {lr} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

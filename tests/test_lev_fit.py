@@ -48,6 +48,9 @@ def test_a_form_without_a_name_is_refused(lev_fit, capsys):
     with pytest.raises(SystemExit):
         lev_fit.parse_args(["--run", "x", "--form", "model.lev.rank=4"])
     assert "--form 'model.lev.rank=4'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lev_fit.parse_args(["--run", "x", "--lr", "3e-3", "0"])
+    assert "learning rates must be > 0" in capsys.readouterr().err
 
 
 def test_lev_fitted_to_a_trained_tied_table(lev_fit, trained_run, tmp_path, capsys):
@@ -64,7 +67,9 @@ def test_lev_fitted_to_a_trained_tied_table(lev_fit, trained_run, tmp_path, caps
     assert 0.0 < lev["rank_bound"]["overall"] < 1.0
     assert set(lev["noise"]["buckets"]) == set(lev["fit"]["buckets"]) and lev["fit"]["buckets"]
     printed = capsys.readouterr().out
-    assert "| lev | 32 | the table |" in printed and "| full | 128 | noise of its RMS |" in printed
+    assert "| lev | 32 | the table | 0.003 |" in printed and "| full | 128 | noise of its RMS | 0.003 |" in printed
+    assert "| lev | 32 | the table, best rank k (SVD) |  |" in printed  # an SVD has no learning rate
+    assert "One learning rate (0.003)" in printed and "lower bound" in printed
     # weighted by training counts: the bound is the weighted one, and bounds the weighted R^2
     argv = ["--run", str(trained_run("tied-tp2")), "--steps", "40", "--batch", "256", "--json", str(out),
             "--form", "lev=", "--weight", "frequency", "--no-noise"]  # fmt: skip
@@ -73,6 +78,31 @@ def test_lev_fitted_to_a_trained_tied_table(lev_fit, trained_run, tmp_path, caps
     assert "noise" not in weighted and weighted["rank_bound"] != lev["rank_bound"]
     assert weighted["fit"]["frequency_weighted"] <= weighted["rank_bound"]["frequency_weighted"] + 1e-6
     assert weighted["rank_bound"]["frequency_weighted"] >= lev["rank_bound"]["frequency_weighted"] - 1e-6
+
+
+def test_several_learning_rates_keep_the_fit_with_the_lowest_objective(lev_fit, trained_run, tmp_path, capsys):
+    out = tmp_path / "fit.json"
+    argv = ["--run", str(trained_run("tied-tp2")), "--steps", "30", "--batch", "256", "--json", str(out),
+            "--form", "lev=", "--no-noise", "--lr", "1e-6", "3e-3"]  # fmt: skip
+    assert lev_fit.main(argv) == 0
+    lev = json.loads(out.read_text())["forms"]["lev"]
+    tried = lev["lr"]["fit_objective"]
+    assert set(tried) == {"1e-06", "0.003"} and tried["0.003"] < tried["1e-06"]  # 1e-6 barely moves from init
+    assert lev["lr"]["fit"] == 3e-3
+    printed = capsys.readouterr().out
+    assert "| lev | 32 | the table | 0.003 |" in printed and "warning" not in printed
+    # when the smallest rate wins, the output says a smaller one may do better
+    notes = lev_fit.lr_notes({"forms": {"lev": {"lr": {"fit": 1e-3, "noise": 3e-3}}}}, [3e-3, 1e-3])
+    assert notes == ["warning: lev (fit): the smallest learning rate tried (0.001) fitted best; "
+                     "a smaller one may fit better still."]  # fmt: skip
+
+
+def test_objective_is_the_weighted_mean_squared_row_error(lev_fit):
+    target = torch.zeros(4, 2)
+    rows = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0], [9.0, 9.0]])
+    seen = torch.tensor([0, 1, 2])  # row 3 unseen: not counted
+    assert lev_fit.objective(target, rows, seen, torch.ones(4)) == pytest.approx((1 + 4 + 9) / 3)
+    assert lev_fit.objective(target, rows, seen, torch.tensor([1.0, 0.0, 1.0, 5.0])) == pytest.approx(5.0)
 
 
 def test_a_lev_run_is_refused(lev_fit, trained_run):
