@@ -68,16 +68,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def objective(target, rows, seen, weights) -> float:
+    """What a fit minimises, over every seen id: the weighted mean of the rows' squared error."""
+    w = weights[seen].double()
+    return float((w * (rows[seen].double() - target[seen].double()).pow(2).sum(1)).sum() / w.sum())
+
+
 def r2(target, fit, ids, weights=None) -> float:
-    """1 - weighted residual / weighted variance about the weighted mean row, over ``ids``."""
+    """1 - weighted residual (``objective``) / weighted variance about the weighted mean row, over ``ids``."""
     import torch
 
-    t, f = target[ids].double(), fit[ids].double()
-    w = torch.ones(len(ids), dtype=torch.float64) if weights is None else weights[ids].double()
-    w = w / w.sum()
-    mean = (w[:, None] * t).sum(0)
-    var = (w * (t - mean).pow(2).sum(1)).sum()
-    return float(1 - (w * (t - f).pow(2).sum(1)).sum() / var)
+    weights = torch.ones(len(target), dtype=torch.float64) if weights is None else weights
+    t, w = target[ids].double(), weights[ids].double()
+    mean = (w[:, None] * t).sum(0) / w.sum()
+    var = float((w * (t - mean).pow(2).sum(1)).sum() / w.sum())
+    return 1 - objective(target, fit, ids, weights) / var
 
 
 def scores(target, fit, seen, counts, buckets) -> dict:
@@ -95,12 +100,6 @@ def lev_model_config(run_cfg, overrides: list[str]):
     cfg = configlib.build(Config, data)
     configlib.validate_tree(cfg)
     return cfg
-
-
-def objective(target, rows, seen, weights) -> float:
-    """What a fit minimises, over every seen id: the weighted mean of the rows' squared error."""
-    w = weights[seen].double()
-    return float((w * (rows[seen].double() - target[seen].double()).pow(2).sum(1)).sum() / w.sum())
 
 
 def best_fit(cfg, target, seen, weights, args, label: str):
