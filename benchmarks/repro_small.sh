@@ -2,7 +2,7 @@
 # The small-scale reproduction of the paper's comparison (docs/results-small.md), with the project's own commands:
 #
 #   bash benchmarks/repro_small.sh [--out DIR] [--launcher auto|slurm|local] [--corpus DIR] [--wikitext FILE]
-#                                  [--runs "NAME ..."] [--dry]
+#                                  [--runs "NAME ..."] [--records DIR|none] [--only-recorded] [--dry]
 #
 # 1. corpus: python -m data_prep.make_corpus (Github / PythonDocs / Dictionary in the Pile's jsonl format; byte-
 #    identical to shared/tools/make-minipile), or --corpus DIR (an existing make_corpus output);
@@ -20,13 +20,18 @@
 # Resumable: a finished run (checkpoint at its last step) is not trained again, an interrupted one resumes from its
 # last checkpoint (the trainer's own resume), an existing report is not recomputed; so the study can be carried
 # across work periods by running the same command. Wall times per phase are appended to OUT/timings.tsv.
+# Records (--records, default docs/results-small/runs; none with --dry): each run trained and evaluated here is saved
+# there (benchmarks/study_records.py: its config, training log, report and timings, no checkpoints; commit them), and
+# a run with a record made with the same settings is restored from it instead of trained: the study survives a work
+# period whose machine (and OUT) is gone. --records none: neither. --only-recorded: the selection is the runs with a
+# record or trained in OUT; nothing is trained (the page from what exists).
 # --dry: two steps per run, a small evaluation, into OUT (default runs/repro-small-dry): the pipeline end to end in
 # minutes (tests/test_repro_small.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-OUT="" LAUNCHER=auto CORPUS="" DRY=0 ONLY=""
+OUT="" LAUNCHER=auto CORPUS="" DRY=0 ONLY="" RECORDS=default ONLY_RECORDED=0
 WIKITEXT="$REPO/../shared/data/wikitext-103-test.raw"
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header comment
 while [ $# -gt 0 ]; do
@@ -36,6 +41,8 @@ while [ $# -gt 0 ]; do
     --corpus) CORPUS="$2"; shift 2 ;;
     --wikitext) WIKITEXT="$2"; shift 2 ;;
     --runs) ONLY="$2"; shift 2 ;;
+    --records) RECORDS="$2"; shift 2 ;;
+    --only-recorded) ONLY_RECORDED=1; shift ;;
     --dry) DRY=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -45,6 +52,9 @@ case "$LAUNCHER" in auto|slurm|local) ;; *) echo "error: --launcher: auto, slurm
 [ -n "$OUT" ] || { [ "$DRY" = 1 ] && OUT=runs/repro-small-dry || OUT=runs/repro-small; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+if [ "$RECORDS" = default ]; then [ "$DRY" = 1 ] && RECORDS=none || RECORDS="$REPO/docs/results-small/runs"; fi
+if [ "$RECORDS" != none ]; then mkdir -p "$RECORDS"; RECORDS=$(cd "$RECORDS" && pwd); fi
+[ "$ONLY_RECORDED" = 0 ] || [ "$RECORDS" != none ] || { echo "error: --only-recorded needs --records" >&2; exit 2; }
 . .venv/bin/activate
 export PYTHONUNBUFFERED=1
 say() { echo "[repro] $(date -u +%FT%TZ) $*"; }
@@ -147,7 +157,22 @@ fi
 
 # ---------------------------------------------------------------- 3. training
 selected() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
-done_run() { [ "$(cat "$OUT/runs/$1/checkpoints/latest" 2>/dev/null)" = "global_step$2" ]; }
+# trained here to its last step, or restored from its record (record.json: benchmarks/study_records.py)
+trained() { [ "$(cat "$OUT/runs/$1/checkpoints/latest" 2>/dev/null)" = "global_step$2" ]; }
+done_run() { trained "$@" || [ -f "$OUT/runs/$1/record.json" ]; }
+record() {  # save|restore name spec
+  python benchmarks/study_records.py "$1" --records "$RECORDS" --run "$OUT/runs/$2" --name "$2" --spec "$3" \
+      --timings "$OUT/timings.tsv"
+}
+if [ "$ONLY_RECORDED" = 1 ]; then  # the selection: the runs with a record or trained here
+  ONLY=""
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name variant steps extra <<< "$spec"
+    if [ -f "$RECORDS/$name/record.json" ] || done_run "$name" "$steps"; then ONLY+=" $name"; fi
+  done
+  [ -n "$ONLY" ] || { echo "error: --only-recorded: no run has a record in $RECORDS or is trained in $OUT" >&2; exit 1; }
+  say "--only-recorded: ${ONLY# }"
+fi
 use_slurm=0
 if [ "$LAUNCHER" != local ] && command -v sinfo >/dev/null && sinfo -h >/dev/null 2>&1; then use_slurm=1; fi
 if [ "$LAUNCHER" = slurm ] && [ $use_slurm = 0 ]; then echo "error: --launcher slurm: no SLURM cluster answers" >&2; exit 2; fi
@@ -172,7 +197,14 @@ pending=()
 for spec in "${RUNS[@]}"; do
   IFS='|' read -r name variant steps extra <<< "$spec"
   selected "$name" || continue
-  if done_run "$name" "$steps"; then say "$name: trained ($steps steps), skipped"; else pending+=("$spec"); fi
+  if done_run "$name" "$steps"; then say "$name: trained ($steps steps), skipped"; continue; fi
+  if [ "$RECORDS" != none ]; then
+    rc=0; record restore "$name" "$spec" || rc=$?
+    [ $rc = 0 ] && continue
+    [ $rc = 3 ] || [ $rc = 4 ] || exit $rc
+  fi
+  [ "$ONLY_RECORDED" = 0 ] || { echo "error: --only-recorded: $name is neither restored nor trained" >&2; exit 1; }
+  pending+=("$spec")
 done
 if [ ${#pending[@]} -gt 0 ]; then
   t=$SECONDS
@@ -234,6 +266,14 @@ if [ ${#todo[@]} -gt 0 ]; then  # one process for all (the libraries load once);
   if [ $rc != 0 ]; then
     tail -20 "$log"; echo "error: evaluation failed ($log; the runs evaluated before it keep their reports)" >&2; exit 1
   fi
+fi
+if [ "$RECORDS" != none ]; then  # every selected run trained and evaluated here, into its record
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name variant steps extra <<< "$spec"
+    if selected "$name" && trained "$name" "$steps" && [ -f "$OUT/runs/$name/eval/global_step$steps.json" ]; then
+      record save "$name" "$spec"
+    fi
+  done
 fi
 say "comparing ${#runs[@]} runs -> $OUT/compare"
 BASE=()

@@ -71,7 +71,8 @@ def step_times(run: Path) -> tuple[float, float]:
 
 
 def run_config(run: Path):
-    """The run's config as its latest checkpoint recorded it (``None`` before its first checkpoint)."""
+    """The run's config as its latest checkpoint recorded it, else as its ``config.json`` has it (a run restored from
+    its record, benchmarks/study_records.py, has no checkpoints); ``None`` when neither is there."""
     from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location, saved_config, select_tag
     from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
 
@@ -79,7 +80,10 @@ def run_config(run: Path):
         ckpt_dir = checkpoint_location(run)
         tag_dir = ckpt_dir / select_tag(ckpt_dir)
     except EvalError:
-        return None
+        if not (run / "config.json").is_file():
+            return None
+        record = CheckpointRecord(config=json.loads((run / "config.json").read_text()), step=0, consumed_samples=0)
+        return saved_config(record, run / "config.json")
     return saved_config(CheckpointRecord.read(tag_dir), tag_dir)
 
 

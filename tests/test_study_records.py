@@ -1,0 +1,87 @@
+"""benchmarks/study_records.py: a study run's record survives its study directory (save, restore, what it refuses)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import benchmark_scripts
+
+SPEC = "lev-center|lev|720|model.lev.center=true"
+NAME = "lev-center"
+
+
+@pytest.fixture(scope="module")
+def records():
+    return benchmark_scripts.load("study_records")
+
+
+def make_run(run, loss=3.5):
+    (run / "eval").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": {"variant": "lev"}}))
+    (run / "train_log.jsonl").write_text(json.dumps({"step": 0, "loss": loss}) + "\n")
+    (run / "eval" / "global_step360.json").write_text('{"step": 360}')
+    (run / "eval" / "global_step720.json").write_text('{"step": 720}')
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "big.pt").write_bytes(b"x" * 1000)
+
+
+def tsv(path, *names):
+    path.write_text("".join(f"2026-12-05T00:00:0{i}Z\ttrain\t{n}\t{100 + i}\n" for i, n in enumerate(names)))
+    return path
+
+
+def test_save_then_restore_gives_the_files_compare_reads(records, tmp_path):
+    run, rec = tmp_path / "study" / "runs" / NAME, tmp_path / "records"
+    make_run(run)
+    timings = tsv(tmp_path / "timings.tsv", NAME, "lev-center-seed2", NAME)
+    dest = records.save(run, rec, NAME, SPEC, timings)
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "config.json", "eval/global_step720.json", "record.json", "train_log.jsonl"]  # fmt: skip
+    meta = json.loads((dest / "record.json").read_text())
+    assert meta["spec"] == SPEC and meta["report"] == "eval/global_step720.json"
+    assert [x.split("\t")[3] for x in meta["timings"]] == ["100", "102"]  # this run's lines only
+    assert not [p for p in rec.iterdir() if p.name.startswith(".")]  # no temporary left
+
+    new = tmp_path / "study2" / "runs" / NAME
+    out_tsv = tmp_path / "timings2.tsv"
+    assert records.restore(new, rec, NAME, SPEC, out_tsv) == 0
+    for f in ("config.json", "train_log.jsonl", "eval/global_step720.json"):
+        assert (new / f).read_bytes() == (run / f).read_bytes()
+    assert (new / "record.json").is_file() and not (new / "checkpoints").exists()
+    assert out_tsv.read_text().splitlines() == meta["timings"]
+
+
+def test_restore_refuses_other_settings_a_started_run_and_no_record(records, tmp_path, capsys):
+    run, rec = tmp_path / "runs" / NAME, tmp_path / "records"
+    make_run(run)
+    records.save(run, rec, NAME, SPEC, None)
+    other = tmp_path / "other" / NAME
+    assert records.restore(other, rec, NAME, SPEC + " train.seed=1235", None) == records.NOT_USED
+    assert "other settings" in capsys.readouterr().err and not other.exists()
+    assert records.restore(run, rec, NAME, SPEC, None) == records.NOT_USED  # started: its log is not replaced
+    assert "already started" in capsys.readouterr().err
+    assert records.restore(other, rec, "lev-iso", SPEC, None) == records.NO_RECORD
+
+
+def test_save_keeps_an_unchanged_record_replaces_a_changed_one_and_refuses_what_is_not_ours(records, tmp_path):
+    run, rec = tmp_path / "runs" / NAME, tmp_path / "records"
+    make_run(run)
+    dest = records.save(run, rec, NAME, SPEC, None)
+    before = (dest / "record.json").read_text()
+    assert records.save(run, rec, NAME, SPEC, None) == dest and (dest / "record.json").read_text() == before
+    (run / "train_log.jsonl").write_text('{"step": 0, "loss": 9.9}\n')  # trained again: a new record
+    records.save(run, rec, NAME, SPEC, None)
+    assert "9.9" in (dest / "train_log.jsonl").read_text()
+    assert sorted(p.name for p in rec.iterdir()) == [NAME]  # the old one is gone, no temporary left
+    foreign = rec / "tied"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not a record"):
+        records.save(run, rec, "tied", SPEC, None)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    (run / "eval" / "global_step720.json").unlink()
+    (run / "eval" / "global_step360.json").unlink()
+    with pytest.raises(SystemExit, match="trained and evaluated"):
+        records.save(run, rec, NAME, SPEC, None)
