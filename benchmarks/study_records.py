@@ -7,9 +7,10 @@ over several work periods (each on a fresh machine, where the study directory do
 
 A record (``DIR/NAME/``) holds the run's ``config.json`` (the resolved config), ``train_log.jsonl`` (its curves and
 input-row geometry), its latest evaluation report (``eval/global_stepN.json``), and ``record.json``: the run's line
-of the study's settings (SPEC: ``name|config|steps|overrides``), the commit it was trained at, and its lines of the
-study's ``timings.tsv``. That is what ``python -m leviathan_pretrain.compare`` and ``benchmarks/results_small.py``
-read; checkpoints are not kept (``evaluate`` needs them; the report it wrote is the record).
+of the study's settings (SPEC: ``name|config|steps|overrides``), the commit of the code that saved it (the one that
+trained it unless the code moved on between), and its lines of the study's ``timings.tsv``. That is what
+``python -m leviathan_pretrain.compare`` and ``benchmarks/results_small.py`` read; checkpoints are not kept
+(``evaluate`` needs them; the report it wrote is the record).
 
 ``save`` leaves a record of the same run (same SPEC and files) as it is; else it writes the record under a
 temporary name and renames it into place (a record it replaces is one this script wrote: it carries ``record.json``).
@@ -118,7 +119,7 @@ def restore(run: Path, records: Path, name: str, spec: str, tsv: Path | None) ->
     if tsv is not None and meta.get("timings"):
         with open(tsv, "a") as fh:
             fh.write("".join(f"{x}\n" for x in meta["timings"]))
-    print(f"{name}: restored from its record {src} (trained at commit {meta.get('commit')}, saved {meta.get('saved')})")
+    print(f"{name}: restored from its record {src} (recorded at commit {meta.get('commit')}, {meta.get('saved')})")
     return 0
 
 

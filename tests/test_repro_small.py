@@ -1,8 +1,9 @@
 """``benchmarks/repro_small.sh --dry``: the small study end to end (corpus -> tokenizer -> per-source shards -> 13 of
 its runs (``--runs``: every variant, both second seeds, and one run of each kind of override: learning rate, LEV's
 sizes, steps, LEV's centring + matched init, another config), two steps each, through ``launchers.slurm sweep``/
-``submit`` on the test SLURM cluster -> evaluate -> compare), and a second invocation that finds everything done and
-redoes nothing."""
+``submit`` on the test SLURM cluster -> evaluate -> compare -> each run's record), a second invocation that finds
+everything done and redoes nothing, and a third into a new directory that rebuilds the same comparison and page from
+the records alone."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from tests.multiproc import REPO, base_env
 pytestmark = pytest.mark.multiproc
 SWEEP = [f"sweep/tiny-cpu-{v}" for v in ("tied", "untied", "albert", "lev", "flat_mlp", "factored_mlp")]
 ONLY = [*SWEEP, "tied-seed2", "lev-seed2", "lev-spec", "lev-lr10", "tied-long", "lev-center-match", "lev-iso"]
+SELECT = ("--runs", " ".join(ONLY))
 RUNS = len(ONLY)  # 13 (of the study's 21: the two-step runs check the pipeline, not the model)
 
 
-def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
+def repro(out, corpus, records, timeout=1200, select=SELECT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             "bash",
@@ -33,8 +35,9 @@ def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
             str(out),
             "--corpus",
             str(corpus),
-            "--runs",
-            " ".join(ONLY),
+            "--records",
+            str(records),
+            *select,
         ],  # fmt: skip
         cwd=REPO,
         env=base_env(),
@@ -46,8 +49,8 @@ def repro(out, corpus, timeout=1200) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(1800)  # its commands have their own timeouts (1200 + 300 + 2 x 300 s)
 def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path):
-    out = tmp_path / "study"
-    p = repro(out, minipile_dir)
+    out, records = tmp_path / "study", tmp_path / "records"
+    p = repro(out, minipile_dir, records)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "launcher: SLURM" in p.stdout and "the variants' sweep" in p.stdout
     rows = list(csv.DictReader(open(out / "compare" / "comparison.csv")))
@@ -106,10 +109,25 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     assert doc.read_text().rstrip().endswith("LEV reads as it reads.")
     # resumable: the same command again trains and evaluates nothing
-    p = repro(out, minipile_dir, timeout=300)
+    p = repro(out, minipile_dir, records, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("skipped") == RUNS and "evaluating" not in p.stdout
     assert (out / "timings.tsv").read_text().splitlines() == timings
+    # the study directory gone (a new machine): its runs' records rebuild the same comparison, training nothing
+    assert sorted(str(m.parent.relative_to(records)) for m in records.glob("**/record.json")) == sorted(ONLY)
+    fresh = tmp_path / "study-again"
+    p = repro(fresh, minipile_dir, records, timeout=300, select=("--only-recorded",))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count("restored from its record") == RUNS and "training (" not in p.stdout
+    assert "evaluating" not in p.stdout and not list(fresh.glob("runs/**/checkpoints"))
+    again = list(csv.DictReader(open(fresh / "compare" / "comparison.csv")))
+    assert [{k: v for k, v in r.items() if k not in ("path", "report")} for r in again] == [
+        {k: v for k, v in r.items() if k not in ("path", "report")} for r in rows
+    ]
+    page = tmp_path / "docs" / "results-small-again.md"
+    subprocess.run([sys.executable, "benchmarks/results_small.py", "--study", str(fresh), "--out", str(page)],
+                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)  # fmt: skip
+    assert len([x for x in page.read_text().splitlines() if x in run_rows]) == RUNS  # shapes, params, times
 
 
 def test_help_is_the_whole_header():
