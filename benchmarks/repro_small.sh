@@ -280,3 +280,5 @@ BASE=()
 selected sweep/tiny-cpu-tied && BASE=(--baseline "$OUT/runs/sweep/tiny-cpu-tied")
 python -m leviathan_pretrain.compare "${runs[@]}" "${BASE[@]}" --out "$OUT/compare"
 say "done: $OUT/compare/comparison.md; wall times in $OUT/timings.tsv"
+[ -z "$ONLY" ] || [ "$ONLY_RECORDED" = 1 ] || say "the comparison holds the ${#runs[@]} run(s) of --runs only; all that" \
+    "are trained or recorded: --only-recorded"

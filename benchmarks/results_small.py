@@ -174,11 +174,14 @@ def main(argv=None) -> int:
         "## Commands",
         "",
         "```bash",
-        "bash benchmarks/repro_small.sh            # data, the runs, evaluate, compare (resumable)",
-        "python benchmarks/results_small.py        # this page",
+        "bash benchmarks/repro_small.sh                    # data, the runs, evaluate, compare, records (resumable)",
+        "bash benchmarks/repro_small.sh --only-recorded    # the recorded runs restored, compared; nothing trained",
+        "python benchmarks/results_small.py                # this page",
         "```",
         "",
-        "The settings (body, steps, data) are at the top of `benchmarks/repro_small.sh`.",
+        "The settings (body, steps, data) are at the top of `benchmarks/repro_small.sh`. Each run's record (its "
+        "resolved config, training log, evaluation report and times; `benchmarks/study_records.py`) is in "
+        "`docs/results-small/runs/<run>/`: the tables below can be rebuilt from them without training.",
         "",
         "## Runs",
         "",
