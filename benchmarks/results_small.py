@@ -124,10 +124,27 @@ def spread(reports: dict) -> list[str]:
     return rows
 
 
+def name_records(text: str, study: Path, shown: str, names, records: Path) -> str:
+    """``text`` with each report path under the study (as ``shown``) replaced by its record's copy in ``records``
+    (benchmarks/study_records.py), where that copy is the same file: the path a reader of the repository can open."""
+    for name in names:
+        for rep in sorted((study / "runs" / name / "eval").glob("*.json")):
+            rec = records / name / "eval" / rep.name
+            if rec.is_file() and rec.read_bytes() == rep.read_bytes():
+                where = os.path.relpath(rec.resolve(), REPO) if rec.resolve().is_relative_to(REPO) else str(rec)
+                text = text.replace(f"{shown}/runs/{name}/eval/{rep.name}", where)
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default="runs/repro-small", help="the study directory (repro_small.sh --out)")
     ap.add_argument("--out", default=str(REPO / "docs" / "results-small.md"))
+    ap.add_argument(
+        "--records",
+        default=str(REPO / "docs" / "results-small" / "runs"),
+        help="the runs' records (repro_small.sh --records): a report is named by its record's copy",
+    )
     ns = ap.parse_args(argv)
     study, out = Path(ns.study), Path(ns.out)
     table = study / "compare" / "comparison.md"
@@ -191,7 +208,13 @@ def main(argv=None) -> int:
         "",
         "## The comparison (`python -m leviathan_pretrain.compare`)",
         "",
-        table.read_text().split("\n", 1)[1].strip().replace(f"{study.resolve()}/", f"{ns.study}/"),
+        name_records(
+            table.read_text().split("\n", 1)[1].strip().replace(f"{study.resolve()}/", f"{ns.study}/"),
+            study,
+            ns.study,
+            configs,
+            Path(ns.records),
+        ),
         "",
         "## Seed-to-seed spread",
         "",

@@ -125,9 +125,13 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
         {k: v for k, v in r.items() if k not in ("path", "report")} for r in rows
     ]
     page = tmp_path / "docs" / "results-small-again.md"
-    subprocess.run([sys.executable, "benchmarks/results_small.py", "--study", str(fresh), "--out", str(page)],
-                   cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)  # fmt: skip
-    assert len([x for x in page.read_text().splitlines() if x in run_rows]) == RUNS  # shapes, params, times
+    cmd = [sys.executable, "benchmarks/results_small.py", "--study", str(fresh), "--out", str(page)]
+    subprocess.run([*cmd, "--records", str(records)], cwd=REPO, env=base_env(), check=True, capture_output=True,
+                   timeout=300)  # fmt: skip
+    again_text = page.read_text()
+    assert len([x for x in again_text.splitlines() if x in run_rows]) == RUNS  # shapes, params, times
+    # each report is named by its record's copy, the file a reader of the repository opens
+    assert f"- tiny-cpu-lev: {records}/sweep/tiny-cpu-lev/eval/global_step2.json" in again_text, again_text
 
 
 def test_help_is_the_whole_header():
