@@ -57,7 +57,8 @@ def same(a: Path, b: Path) -> bool:
     return b.is_file() and a.read_bytes() == b.read_bytes()
 
 
-def save(run: Path, records: Path, name: str, spec: str, tsv: Path | None) -> Path:
+def save(run: Path, records: Path, name: str, spec: str, tsv: Path | None, code: str = "unknown") -> Path:
+    """The record of ``run`` in ``records/name`` (``code``: the commit it names)."""
     report = latest_report(run)
     missing = [f for f in FILES if not (run / f).is_file()] + ([] if report else ["eval/global_step*.json"])
     if missing:
@@ -81,7 +82,7 @@ def save(run: Path, records: Path, name: str, spec: str, tsv: Path | None) -> Pa
         meta = {
             "name": name,
             "spec": spec,
-            "commit": commit(),
+            "commit": code,
             "report": f"eval/{report.name}",
             "saved": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "timings": timing_lines(tsv, name),
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     if not (ns.run and ns.name and ns.spec is not None):
         ap.error(f"{ns.action} needs --run, --name and --spec")
     if ns.action == "save":
-        print(f"{ns.name}: recorded in {save(ns.run, ns.records, ns.name, ns.spec, ns.timings)}")
+        print(f"{ns.name}: recorded in {save(ns.run, ns.records, ns.name, ns.spec, ns.timings, commit())}")
         return 0
     return restore(ns.run, ns.records, ns.name, ns.spec, ns.timings)
 

@@ -111,7 +111,7 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     # resumable: the same command again trains and evaluates nothing
     p = repro(out, minipile_dir, records, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.count("skipped") == RUNS and "evaluating" not in p.stdout
+    assert p.stdout.count("steps), skipped") == RUNS and "evaluating" not in p.stdout, p.stdout
     assert (out / "timings.tsv").read_text().splitlines() == timings
     # the study directory gone (a new machine): its runs' records rebuild the same comparison, training nothing
     assert sorted(str(m.parent.relative_to(records)) for m in records.glob("**/record.json")) == sorted(ONLY)

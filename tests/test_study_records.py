@@ -36,11 +36,11 @@ def test_save_then_restore_gives_the_files_compare_reads(records, tmp_path):
     run, rec = tmp_path / "study" / "runs" / NAME, tmp_path / "records"
     make_run(run)
     timings = tsv(tmp_path / "timings.tsv", NAME, "lev-center-seed2", NAME)
-    dest = records.save(run, rec, NAME, SPEC, timings)
+    dest = records.save(run, rec, NAME, SPEC, timings, "abc1234")
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
         "config.json", "eval/global_step720.json", "record.json", "train_log.jsonl"]  # fmt: skip
     meta = json.loads((dest / "record.json").read_text())
-    assert meta["spec"] == SPEC and meta["report"] == "eval/global_step720.json"
+    assert meta["spec"] == SPEC and meta["commit"] == "abc1234" and meta["report"] == "eval/global_step720.json"
     assert [x.split("\t")[3] for x in meta["timings"]] == ["100", "102"]  # this run's lines only
     assert not [p for p in rec.iterdir() if p.name.startswith(".")]  # no temporary left
 
