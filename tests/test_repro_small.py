@@ -120,9 +120,9 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("restored from its record") == RUNS and "training (" not in p.stdout
     assert "evaluating" not in p.stdout and not list(fresh.glob("runs/**/checkpoints"))
-    again = list(csv.DictReader(open(fresh / "compare" / "comparison.csv")))
-    assert [{k: v for k, v in r.items() if k not in ("path", "report")} for r in again] == [
-        {k: v for k, v in r.items() if k not in ("path", "report")} for r in rows
+    first, again = (list(csv.DictReader(open(s / "compare" / "comparison.csv"))) for s in (out, fresh))
+    assert len(again) == RUNS and [{k: v for k, v in r.items() if k not in ("path", "report")} for r in again] == [
+        {k: v for k, v in r.items() if k not in ("path", "report")} for r in first
     ]
     page = tmp_path / "docs" / "results-small-again.md"
     cmd = [sys.executable, "benchmarks/results_small.py", "--study", str(fresh), "--out", str(page)]
