@@ -13,7 +13,8 @@ trained it unless the code moved on between), and its lines of the study's ``tim
 (``evaluate`` needs them; the report it wrote is the record).
 
 ``save`` leaves a record of the same run (same SPEC and files) as it is; else it writes the record under a
-temporary name and renames it into place (a record it replaces is one this script wrote: it carries ``record.json``).
+temporary name and renames it into place (a record it replaces is one this script wrote: it carries
+``record.json`` and no other file).
 ``restore`` copies a record into a run directory that has no training log yet, appends its timings to TSV, and exits
 0; it exits 3 when there is no record and 4, saying why, when the record was made with other settings (SPEC
 differs) or the run directory is already started: both mean "train it".
@@ -66,6 +67,11 @@ def save(run: Path, records: Path, name: str, spec: str, tsv: Path | None, code:
     dest = records / name
     if dest.exists() and not (dest / META).is_file():
         raise SystemExit(f"error: {dest} exists and is not a record ({META} missing): move it away first")
+    if dest.exists():  # replaced whole below: only what this script wrote may be in it
+        ours = {*FILES, META, "eval", json.loads((dest / META).read_text()).get("report")}
+        other = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if str(p.relative_to(dest)) not in ours)
+        if other:
+            raise SystemExit(f"error: {dest} holds files not its record's ({', '.join(other)}): move them away")
     if (
         (dest / META).is_file()
         and json.loads((dest / META).read_text()).get("spec") == spec

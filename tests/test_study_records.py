@@ -81,6 +81,11 @@ def test_save_keeps_an_unchanged_record_replaces_a_changed_one_and_refuses_what_
     with pytest.raises(SystemExit, match="not a record"):
         records.save(run, rec, "tied", SPEC, None)
     assert (foreign / "notes.txt").read_text() == "mine"
+    (dest / "notes.txt").write_text("mine too")  # a user's file inside a record: the record is not replaced over it
+    (run / "train_log.jsonl").write_text('{"step": 0, "loss": 8.8}\n')
+    with pytest.raises(SystemExit, match="files not its record"):
+        records.save(run, rec, NAME, SPEC, None)
+    assert (dest / "notes.txt").read_text() == "mine too" and "9.9" in (dest / "train_log.jsonl").read_text()
     (run / "eval" / "global_step720.json").unlink()
     (run / "eval" / "global_step360.json").unlink()
     with pytest.raises(SystemExit, match="trained and evaluated"):
