@@ -2,12 +2,12 @@
 
     python benchmarks/results_small.py [--study runs/repro-small] [--out docs/results-small.md]
 
-Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``docs/results-small/``,
-and adds the machine, the exact commands, each run's shape, tokens and times, and the seed-to-seed spread of TIED and
-LEV next to each LEV-vs-TIED gap. A run's times: its training steps' own time (``step_time_s`` in its
-``train_log.jsonl``, the last record of each step when it was resumed), its median step, and the launcher's wall
-time (``STUDY/timings.tsv``, summed over the segments it recorded; a segment killed with the machine is not there,
-and runs trained through SLURM have one wall time for all).
+Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``docs/results-small/``, and
+adds the machine(s) the runs trained on (their training logs name it), the exact commands, each run's shape, tokens
+and times, and the seed-to-seed spread of TIED and LEV next to each LEV-vs-TIED gap. A run's times: its training
+steps' own time (``step_time_s`` in its ``train_log.jsonl``, the last record of each step when it was resumed), its
+median step, and the launcher's wall time (``STUDY/timings.tsv``, summed over the segments it recorded; a segment
+killed with the machine is not there, and runs trained through SLURM have one wall time for all).
 The "Reading" section is kept from an existing ``--out`` file (the only hand-written part); a new file gets a
 placeholder there.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,13 +36,32 @@ def report(study: Path, name: str) -> dict | None:
     return json.loads(reports[-1].read_text()) if reports else None
 
 
-def machine() -> str:
-    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
-    mem = next((int(x.split()[1]) // 2**20 for x in open("/proc/meminfo") if x.startswith("MemTotal")), 0)
-    import torch
+def run_machines(study: Path, names) -> dict[str, list[str]]:
+    """Run -> the machines it trained on: its training log's (each segment's), else its record's ``machine`` (the
+    runs recorded before the trainer wrote it in the log: set with the evidence, study_records.py), else none."""
+    from leviathan_pretrain.rundir.train_log import LOG_NAME, machines
 
-    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB, {platform.platform()}, Python {platform.python_version()}, " \
-        f"torch {torch.__version__}, no GPU"  # fmt: skip
+    out = {}
+    for name in names:
+        run = study / "runs" / name
+        found = machines(run / LOG_NAME) if (run / LOG_NAME).is_file() else []
+        meta = run / "record.json"
+        if not found and meta.is_file() and isinstance(json.loads(meta.read_text()).get("machine"), str):
+            found = [json.loads(meta.read_text())["machine"]]
+        out[name] = found
+    return out
+
+
+def machine_lines(by_run: dict[str, list[str]]) -> list[str]:
+    """The page's machine line(s): one when every run trained on one machine, else each machine with its runs (the
+    times of runs on different machines do not compare)."""
+    known = list(dict.fromkeys(m for ms in by_run.values() for m in ms))
+    unknown = [n for n, ms in by_run.items() if not ms]
+    if len(known) == 1 and not unknown:
+        return [f"Machine (every run trained on it): {known[0]}."]
+    lines = ["Machines the runs trained on (their times compare only on one machine):", ""]
+    lines += [f"- {m}: {', '.join(n for n, ms in by_run.items() if m in ms)}" for m in known]
+    return lines + ([f"- not recorded: {', '.join(unknown)}"] if unknown else [])
 
 
 def wall_times(study: Path) -> dict[str, dict[str, int]]:
@@ -186,7 +204,7 @@ def main(argv=None) -> int:
         f"Produced by `bash benchmarks/repro_small.sh` (commit {commit.strip()}) and written by "
         "`python benchmarks/results_small.py`; nothing below is typed by hand except the Reading.",
         "",
-        f"Machine: {machine()}.",
+        *machine_lines(run_machines(study, configs)),
         "",
         "## Commands",
         "",

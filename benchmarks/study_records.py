@@ -12,6 +12,9 @@ trained it unless the code moved on between), and its lines of the study's ``tim
 ``python -m leviathan_pretrain.compare`` and ``benchmarks/results_small.py`` read; checkpoints are not kept
 (``evaluate`` needs them; the report it wrote is the record).
 
+A record of a run trained before the trainer named its machine in the training log (2026-12-05) may carry
+``machine`` in ``record.json``, set by hand with the evidence in its commit; results_small.py reads it for that run.
+
 ``save`` leaves a record of the same run (same SPEC and files) as it is; else it writes the record under a
 temporary name and renames it into place (a record it replaces is one this script wrote: it carries
 ``record.json`` and no other file).

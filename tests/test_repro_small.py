@@ -90,6 +90,8 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     assert len(run_rows) == RUNS, text
     assert "Trained through SLURM: 13-runs" in text and "| lev-seed2 vs sweep/tiny-cpu-lev |" in text
     assert "WikiText word ppl | unseen |" in text
+    machine = re.search(r"^Machine \(every run trained on it\): \d+ cores \(.*, torch .*, no GPU\.$", text, re.M)
+    assert machine, text[:2000]  # each run's training log names its machine; all trained on this one
     # the LEV section: every LEV run (6 here) against TIED and LEV, geometry at init from the log's step 0
     lev = text.split("## LEV without its common mode", 1)[1].split("\n## ", 1)[0]
     rows = [x for x in lev.splitlines() if x.startswith("| ") and " -> " in x and not x.startswith("| run |")]
@@ -130,6 +132,7 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
                    timeout=300)  # fmt: skip
     again_text = page.read_text()
     assert len([x for x in again_text.splitlines() if x in run_rows]) == RUNS  # shapes, params, times
+    assert machine.group(0) in again_text.splitlines()  # the machine they trained on, from the records
     # each report is named by its record's copy, the file a reader of the repository opens
     assert f"- tiny-cpu-lev: {records}/sweep/tiny-cpu-lev/eval/global_step2.json" in again_text, again_text
 

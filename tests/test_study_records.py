@@ -90,3 +90,36 @@ def test_save_keeps_an_unchanged_record_replaces_a_changed_one_and_refuses_what_
     (run / "eval" / "global_step360.json").unlink()
     with pytest.raises(SystemExit, match="trained and evaluated"):
         records.save(run, rec, NAME, SPEC, None)
+
+
+def test_the_results_page_names_the_machine_each_run_trained_on(tmp_path, monkeypatch):
+    """results_small.py names the machine from each run's training log (each segment's), else from its record's
+    ``machine`` (runs trained before the log named it), else says it is not recorded: a time on the page is one
+    measured on the machine it names, wherever the page is written."""
+    monkeypatch.syspath_prepend(str(benchmark_scripts.BENCHMARKS))
+    page = benchmark_scripts.load("results_small")
+    study = tmp_path / "study"
+
+    def log(name, *machines, record=None):
+        run = study / "runs" / name
+        run.mkdir(parents=True)
+        lines = [{"step": 0, "event": "layout", "dp": 2, **({"machine": m} if m else {})} for m in machines]
+        lines.insert(1, {"step": 1, "loss": 9.0, "machine": "not a layout record"})
+        (run / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        if record:
+            (run / "record.json").write_text(json.dumps({"name": name, "machine": record}))
+
+    log("tied", "A", "A")  # resumed on the same machine
+    log("lev", None, record="A")  # trained before the log named it: the record's, set with evidence
+    assert page.machine_lines(page.run_machines(study, ["tied", "lev"])) == ["Machine (every run trained on it): A."]
+    log("lev-long", "A", "B")  # resumed elsewhere
+    log("untied", None)
+    by_run = page.run_machines(study, ["tied", "lev", "lev-long", "untied"])
+    assert by_run == {"tied": ["A"], "lev": ["A"], "lev-long": ["A", "B"], "untied": []}
+    assert page.machine_lines(by_run) == [
+        "Machines the runs trained on (their times compare only on one machine):",
+        "",
+        "- A: tied, lev, lev-long",
+        "- B: lev-long",
+        "- not recorded: untied",
+    ]

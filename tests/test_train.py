@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from leviathan_pretrain.rundir import host
 from leviathan_pretrain.trainer.checkpoint import safe_load
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
@@ -350,5 +351,6 @@ def test_real_shards_tp2_with_held_out_set(tmp_path, minipile_shards, tokenizer_
     loss = [r["loss"] for r in recs if "loss" in r]
     assert len(loss) == 8 and all(math.isfinite(x) for x in loss) and loss[-1] < loss[0] - 0.3
     assert [r["step"] for r in recs if "valid_loss" in r] == [4, 8]
+    assert [r["machine"] for r in recs if r.get("event") == "layout"] == [host.describe("cpu")]  # where it trained
     meta = json.loads((out / "checkpoints/global_step8/leviathan.json").read_text())
     assert meta["tokenizer_sha256"] == hashlib.sha256(tokenizer_model.read_bytes()).hexdigest()

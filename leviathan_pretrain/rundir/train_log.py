@@ -50,3 +50,15 @@ def read_log_values(path: Path, *keys: str) -> list[list]:
             if _is_num(v) and math.isfinite(v):
                 into[rec["step"]] = float(v)
     return [sorted(points.items()) for points in found]
+
+
+def machines(path: Path) -> list[str]:
+    """The machines the run trained on (rank 0's), in order, each once: its ``layout`` records' ``machine``
+    (:func:`leviathan_pretrain.rundir.host.describe`; one record per segment of a resumed run). Empty for a log
+    written before the trainer recorded it."""
+    out: list[str] = []
+    for rec in records(path):
+        m = rec.get("machine") if rec.get("event") == "layout" else None
+        if isinstance(m, str) and m not in out:
+            out.append(m)
+    return out

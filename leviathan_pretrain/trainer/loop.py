@@ -26,6 +26,7 @@ from leviathan_pretrain.parallel import (
     seed_everything,
     set_group_timeouts,
 )
+from leviathan_pretrain.rundir import host
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer import checkpoint as ckpt
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
@@ -259,6 +260,7 @@ class Trainer:
                 "precision": cfg.parallel.precision,
                 "device": self.denv.device.type,
                 "peak_flops": self.peak,
+                "machine": host.describe(self.denv.device.type),
             }
         )
         if self.latest is not None:
