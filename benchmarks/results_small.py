@@ -45,9 +45,9 @@ def run_machines(study: Path, names) -> dict[str, list[str]]:
     for name in names:
         run = study / "runs" / name
         found = machines(run / LOG_NAME) if (run / LOG_NAME).is_file() else []
-        meta = run / "record.json"
-        if not found and meta.is_file() and isinstance(json.loads(meta.read_text()).get("machine"), str):
-            found = [json.loads(meta.read_text())["machine"]]
+        if not found and (run / "record.json").is_file():
+            recorded = json.loads((run / "record.json").read_text()).get("machine")
+            found = [recorded] if isinstance(recorded, str) else []
         out[name] = found
     return out
 
