@@ -20,13 +20,21 @@ def pct(v, base) -> str:
     return "" if change is None else f"{change:+.1f}%"
 
 
-def reference(reports: dict, seeds: dict, name: str, variant: str) -> str | None:
-    """The run of ``variant`` trained on as many tokens as ``name`` to compare it with: the sweep's run, else one at
-    the sweep's seed, else the first by name (``None`` when there is none)."""
+def paper_form(cfg) -> bool:
+    """A LEV config in the paper's form: neither of issue 32's options (``center``, ``out_init_std``), ours."""
+    if cfg is None or cfg.model.variant != "lev":
+        return False
+    return not cfg.model.lev.center and cfg.model.lev.out_init_std is None
+
+
+def reference(reports: dict, seeds: dict, name: str, variant: str, prefer: frozenset = frozenset()) -> str | None:
+    """The run of ``variant`` trained on as many tokens as ``name`` to compare it with: one in ``prefer`` (for LEV,
+    the paper's form: a centred run is compared with the plain one, never with another centred one), then the
+    sweep's run, else one at the sweep's seed, else the first by name (``None`` when there is none)."""
     tokens = reports[name].get("tokens_seen")
     base_seed = seeds.get(TIED)
     cands = [n for n, r in reports.items() if r.get("variant") == variant and r.get("tokens_seen") == tokens]
-    cands.sort(key=lambda n: (not n.startswith("sweep/"), seeds.get(n) != base_seed, n))
+    cands.sort(key=lambda n: (n not in prefer, not n.startswith("sweep/"), seeds.get(n) != base_seed, n))
     return cands[0] if cands else None
 
 
@@ -71,6 +79,7 @@ def section(study: Path, reports: dict, configs: dict) -> list[str]:
     """Markdown lines of the section from ``reports`` (run name -> its evaluation report) and ``configs`` (run name
     -> its config or None); ``[]`` when the study has no evaluated LEV run and TIED."""
     seeds = {n: c.train.seed for n, c in configs.items() if c is not None}
+    plain = frozenset(n for n, c in configs.items() if paper_form(c))
     if TIED not in reports:
         return []
     rare, freq = ends(reports[TIED])
@@ -81,8 +90,8 @@ def section(study: Path, reports: dict, configs: dict) -> list[str]:
     lines = [
         "## LEV without its common mode, and at equal total parameters",
         "",
-        "Every LEV run against the TIED, UNTIED (equal total parameters for lev-iso) and LEV run trained on as many "
-        "tokens (the sweep's where there is one). "
+        "Every LEV run against the TIED, UNTIED (equal total parameters for lev-iso) and LEV (the paper's form) run "
+        "trained on as many tokens (the sweep's where there is one). "
         f"Buckets: the rarest and the most frequent holding at least {MIN_SHARE:.0%} of the scored tokens ({rare}: "
         f"{tok[rare]:,} tokens; {freq}: {tok[freq]:,}; a rarer bucket holds too few to compare: see its seed-to-seed "
         "spread above), their ppl and the change vs TIED. Geometry of the input rows (model/geometry.py): mean "
@@ -97,7 +106,8 @@ def section(study: Path, reports: dict, configs: dict) -> list[str]:
 
     for n in lev_runs:
         r, cfg = reports[n], configs.get(n)
-        t, u, lv = (reference(reports, seeds, n, v) for v in ("tied", "untied", "lev"))
+        t, u = (reference(reports, seeds, n, v) for v in ("tied", "untied"))
+        lv = reference(reports, seeds, n, "lev", plain)
         ppl = r["heldout"][0]["ppl"]
         cells = []
         for b in (rare, freq):

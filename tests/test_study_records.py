@@ -123,3 +123,34 @@ def test_the_results_page_names_the_machine_each_run_trained_on(tmp_path, monkey
         "- B: lev-long",
         "- not recorded: untied",
     ]
+
+
+def test_the_lev_section_compares_each_run_with_the_papers_form_at_its_tokens(monkeypatch):
+    """results_small_lev.py's "vs LEV": the paper's form trained on as many tokens, so the centred 3x-token run is
+    against lev-long (not the other way round, which sorting by name alone gave), and the paper's form has none."""
+    from leviathan_pretrain.config import load_config
+
+    monkeypatch.syspath_prepend(str(benchmark_scripts.BENCHMARKS))
+    lev = benchmark_scripts.load("results_small_lev")
+    runs = {
+        "sweep/tiny-cpu-lev": ([], 720),
+        "lev-center": (["model.lev.center=true"], 720),
+        "lev-long": ([], 2160),
+        "lev-center-long": (["model.lev.center=true"], 2160),
+        "lev-match": (["model.lev.out_init_std=match"], 720),
+    }
+    path = benchmark_scripts.BENCHMARKS.parent / "configs" / "tiny-cpu-lev.yaml"
+    configs = {n: load_config(path, o) for n, (o, _) in runs.items()}
+    reports = {n: {"variant": "lev", "tokens_seen": s * 4096} for n, (_, s) in runs.items()}
+    seeds = {n: c.train.seed for n, c in configs.items()}
+    plain = frozenset(n for n, c in configs.items() if lev.paper_form(c))
+    assert plain == {"sweep/tiny-cpu-lev", "lev-long"}
+    ref = {n: lev.reference(reports, seeds, n, "lev", plain) for n in runs}
+    assert ref == {
+        "sweep/tiny-cpu-lev": "sweep/tiny-cpu-lev",
+        "lev-center": "sweep/tiny-cpu-lev",
+        "lev-long": "lev-long",
+        "lev-center-long": "lev-long",
+        "lev-match": "sweep/tiny-cpu-lev",
+    }
+    assert lev.reference(reports, seeds, "lev-center-long", "lev") == "lev-center-long"  # no preference: by name
