@@ -29,7 +29,7 @@ def paper_form(cfg) -> bool:
 
 def reference(reports: dict, seeds: dict, name: str, variant: str, prefer: frozenset = frozenset()) -> str | None:
     """The run of ``variant`` trained on as many tokens as ``name`` to compare it with: one in ``prefer`` (for LEV,
-    the paper's form: a centred run is compared with the plain one, never with another centred one), then the
+    the paper's form: a centred run is compared with a plain one where there is one), then the
     sweep's run, else one at the sweep's seed, else the first by name (``None`` when there is none)."""
     tokens = reports[name].get("tokens_seen")
     base_seed = seeds.get(TIED)
