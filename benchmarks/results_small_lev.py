@@ -29,8 +29,8 @@ def paper_form(cfg) -> bool:
 
 def reference(reports: dict, seeds: dict, name: str, variant: str, prefer: frozenset = frozenset()) -> str | None:
     """The run of ``variant`` trained on as many tokens as ``name`` to compare it with: one in ``prefer`` (for LEV,
-    the paper's form: a centred run is compared with a plain one where there is one), then the
-    sweep's run, else one at the sweep's seed, else the first by name (``None`` when there is none)."""
+    the paper's form: a centred run is compared with a plain one where there is one), then the sweep's run, else one
+    at the sweep's seed, else the first by name (``None`` when there is none)."""
     tokens = reports[name].get("tokens_seen")
     base_seed = seeds.get(TIED)
     cands = [n for n, r in reports.items() if r.get("variant") == variant and r.get("tokens_seen") == tokens]
