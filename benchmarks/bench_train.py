@@ -11,7 +11,7 @@ Data: ``--data PREFIX`` (megatron-core shard), else a synthetic shard written to
 micro-batch (what its cost depends on).
 
 ``--summarize RUN_DIR ...`` instead prints tokens/s, TFLOP/s and MFU of finished training runs from their
-``train_log.jsonl`` and ``config.json`` (used by ``benchmarks/gpu_check.sh``).
+``train_log.jsonl`` and ``config.json`` (``benchmarks/gpu_summary.py``, which ``benchmarks/gpu_check.sh`` calls).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -177,184 +176,6 @@ def run_worker(tp: int, args, data: str, env: dict) -> dict:
 # ---------------------------------------------------------------- summaries of finished runs
 
 
-def peak_memory_gib(run: Path) -> float | None:
-    """The trainer's last ``mem X GiB`` console figure (``torch.cuda.max_memory_allocated`` on a GPU, RSS on a
-    CPU) from the run's console log ``<run dir>.log`` (``benchmarks/gpu_check.sh`` writes it), if any. Logs
-    written before the label said GiB print ``GB`` for the same 2**30-byte unit: both are read."""
-    log = Path(str(run) + ".log")
-    found = re.findall(r"\| mem ([0-9.]+) GiB? \|", log.read_text(errors="replace")) if log.exists() else []
-    return float(found[-1]) if found else None
-
-
-def plan_gib(cfg, device: str, world: int) -> float | None:
-    """``plan.py``'s per-rank memory estimate (GiB) for the run's config on ``world`` ranks of one node."""
-    from leviathan_pretrain.plan import make_plan
-
-    try:
-        plan = make_plan(cfg, 1, world, device="gpu" if device == "cuda" else "cpu", mem_limit_gb=None)
-    except Exception:  # noqa: BLE001 -- a summary column, never a reason to lose the others
-        return None
-    return plan.memory["total"] / 2**30
-
-
-def summarize_run(d: Path, warmup: int) -> dict:
-    from leviathan_pretrain.config import Config
-    from leviathan_pretrain.configlib import build
-    from leviathan_pretrain.model import model_flops_per_token
-
-    cfg = build(Config, json.loads((d / "config.json").read_text()))
-    recs = [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
-    steps = [r for r in recs if "step_time_s" in r and not r.get("skipped")][warmup:]
-    if not steps:
-        raise ValueError(f"{d}/train_log.jsonl has no timed steps after {warmup} warm-up steps")
-    step_s = statistics.median(r["step_time_s"] for r in steps)
-    tokens = cfg.train.global_batch_size * cfg.model.seq_length
-    layout = next(r for r in reversed(recs) if r.get("event") == "layout")
-    world, peak = layout["world"], layout.get("peak_flops")  # None: no known peak (CPU), no MFU
-    tps = tokens / step_s
-    flops = tps * model_flops_per_token(cfg) / world
-    return {
-        "run": str(d),
-        "variant": cfg.model.variant,
-        "steps": len(steps),
-        "step_s": step_s,
-        "tokens_per_s": tps,
-        "tflops_per_device": flops / 1e12,
-        "mfu": flops / peak if peak else None,
-        "final_loss": steps[-1]["loss"],
-        "peak_gib": peak_memory_gib(d),
-        "plan_gib": plan_gib(cfg, layout.get("device", "cpu"), world),
-    }
-
-
-def summarize(dirs: list[str], warmup: int) -> list[dict]:
-    """One row per run; a run that did not finish (or left no log) is a row with its ``error``."""
-    rows = []
-    for d in map(Path, dirs):
-        try:
-            rows.append(summarize_run(d, warmup))
-        except (OSError, ValueError, KeyError, StopIteration) as e:
-            rows.append({"run": str(d), "variant": d.name.rsplit("-", 1)[-1], "error": f"{type(e).__name__}: {e}"})
-    return rows
-
-
-def group_of(row: dict) -> str:
-    """The scale of a ``<scale>-<variant>`` run directory (gpu_check.sh's names), else ''."""
-    name = Path(row["run"]).name
-    return name.rsplit("-", 1)[0] if "-" in name else ""
-
-
-def lev_tied_ratios(rows: list[dict]) -> dict[str, float]:
-    out = {}
-    for g in dict.fromkeys(group_of(r) for r in rows):
-        by = {r["variant"]: r for r in rows if group_of(r) == g and "error" not in r}
-        if "lev" in by and "tied" in by:
-            out[g] = by["lev"]["tokens_per_s"] / by["tied"]["tokens_per_s"]
-    return out
-
-
-def _gib(x) -> str:
-    return f"{x:.2f}" if x is not None else "n/a"
-
-
-def print_summary(rows: list[dict]) -> None:
-    if not rows:
-        print("no training runs to summarize")
-        return
-    print(
-        f"{'run':<40} {'variant':>8} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'final loss':>10} "
-        f"{'peak GiB':>9} {'plan GiB':>9}"
-    )
-    for r in rows:
-        if "error" in r:
-            print(f"{r['run']:<40} {r['variant']:>8} failed: {r['error']}")
-            continue
-        print(
-            f"{r['run']:<40} {r['variant']:>8} {r['tokens_per_s']:>12,.0f} {r['tflops_per_device']:>9.2f} "
-            + (f"{100 * r['mfu']:>6.2f}%" if r["mfu"] is not None else f"{'n/a':>7}")
-            + f" {r['final_loss']:>10.4f} {_gib(r['peak_gib']):>9} {_gib(r['plan_gib']):>9}"
-        )
-    for g, ratio in lev_tied_ratios(rows).items():
-        print(f"LEV/TIED tokens/s{f' ({g})' if g else ''}: {ratio:.3f}")
-
-
-def _pct(x) -> str:
-    return f"{100 * x:.2f}%" if x is not None else "n/a"
-
-
-def report_md(rows: list[dict], attached: dict) -> str:
-    """gpu_check.sh's summary.md: its sections' states, the training runs, bench_step.py's comparisons, the probe."""
-    out = ["# GPU check summary", ""]
-    if attached.get("sections"):
-        out += ["| section | state | seconds |", "|---|---|---:|"]
-        out += [f"| {n} | {st} | {sec} |" for n, st, sec in attached["sections"]]
-        out.append("")
-    out += ["## Training runs (leviathan_pretrain.train)", ""]
-    if rows:
-        out += [
-            "| run | variant | tokens/s | TFLOP/s | MFU | final loss | peak GiB | plan.py GiB |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
-        ]
-    else:
-        out.append("None in this check.")
-    for r in rows:
-        if "error" in r:
-            out.append(f"| {Path(r['run']).name} | {r['variant']} | failed: {r['error']} | | | | | |")
-        else:
-            out.append(
-                f"| {Path(r['run']).name} | {r['variant']} | {r['tokens_per_s']:,.0f} | {r['tflops_per_device']:.2f} | "
-                f"{_pct(r['mfu'])} | {r['final_loss']:.4f} | {_gib(r['peak_gib'])} | {_gib(r['plan_gib'])} |"
-            )
-    out += [f"\nLEV/TIED tokens/s ({g or 'all'}): {x:.3f}" for g, x in lev_tied_ratios(rows).items()]
-    results = attached.get("results", [])
-    steps = [r["step"] for r in results if "median_s" in r.get("step", {})]
-    if steps:
-        out += [
-            "",
-            "## Stack vs bare PyTorch (bench_step.py: HF LlamaForCausalLM, SDPA, torch AdamW, same batches)",
-            "",
-        ]
-        out += [
-            "| config | precision | micro x accum | ours loss chunk | ours tokens/s | ref tokens/s | ours MFU "
-            "| ref MFU | ours/ref |"
-        ]
-        out += ["|---|---|---|---:|---:|---:|---:|---:|---:|"]
-        for r in steps:
-            mfu = r.get("mfu") or {}
-            chunk = r.get("loss_chunk_tokens", "?")  # JSONs before it was recorded: unknown
-            out.append(
-                f"| {r['config']} | {r['precision']} | {r['micro_batch']} x {r['global_batch'] // r['micro_batch']} | "
-                f"{'unfused' if chunk is None else chunk} | "
-                f"{r['tokens_per_s']['ours']:,.0f} | {r['tokens_per_s']['ref']:,.0f} | {_pct(mfu.get('ours'))} | "
-                f"{_pct(mfu.get('ref'))} | {r['ratio_pairs']:.3f} |"
-            )
-            for k, ph in r.get("phases_s", {}).items():
-                out.append(f"\n{r['config']} {k}: " + ", ".join(f"{p} {v * 1e3:.1f} ms" for p, v in ph.items()))
-    failed = [(k, r[k]) for r in results for k in ("step", "probe") if "error" in r.get(k, {})]
-    if failed:
-        out += ["", "## bench_step.py parts that failed (whole tracebacks in gpu_check.log)", ""]
-        out += [f"- {k} {r['config']}: {r['error'].strip().splitlines()[-1]}" for k, r in failed]
-    for r in (r["probe"] for r in results if "syncs" in r.get("probe", {})):
-        n = sum(r["syncs"].values())
-        out += ["", f"## Host syncs in one step of {r['config']} ({r['device']}): {n}", ""]
-        out += [f"- {c} x {where}" for where, c in sorted(r["syncs"].items(), key=lambda kv: -kv[1])[:15]]
-    return "\n".join(out) + "\n"
-
-
-def attachments(paths: list[str]) -> dict:
-    """``--attach``: bench_step.py ``--json`` results (a missing one: its section failed) and gpu_check.sh's
-    section table (``*.tsv``: name, state, seconds)."""
-    out: dict = {"results": [], "sections": []}
-    for p in map(Path, paths):
-        if not p.exists():
-            continue
-        if p.suffix == ".tsv":
-            out["sections"] += [line.split("\t")[:3] for line in p.read_text().splitlines() if line.strip()]
-        else:
-            out["results"].append(json.loads(p.read_text()))
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python benchmarks/bench_train.py",
@@ -390,14 +211,11 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    if args.summarize is not None:
-        rows, attached = summarize(args.summarize, args.warmup), attachments(args.attach)
-        print_summary(rows)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"runs": rows, **attached}, indent=1))
-        if args.md:
-            Path(args.md).write_text(report_md(rows, attached))
-        return 0
+    if args.summarize is not None:  # benchmarks/gpu_summary.py's, kept here for the command lines that use it
+        from benchmarks.gpu_summary import main as summary_main
+
+        extra = [*(["--json", args.json] if args.json else []), *(["--md", args.md] if args.md else [])]
+        return summary_main([*args.summarize, "--warmup", str(args.warmup), "--attach", *args.attach, *extra])
     if args.write_shard:
         from leviathan_pretrain.config import load_config
 

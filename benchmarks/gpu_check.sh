@@ -1,46 +1,54 @@
 #!/usr/bin/env bash
-# GPU check (issue 19): one short run on one GPU (<= 8 minutes, installs included) answering, side by side:
-#   - 400M and 1.2B, TIED vs LEV through the real trainer (leviathan_pretrain.train, bf16, ZeRO 1): tokens/s,
-#     TFLOP/s, MFU, peak memory (torch.cuda.max_memory_allocated) vs plan.py's estimate;
-#   - the stack vs bare PyTorch of the same shape (benchmarks/bench_step.py: build_engine + train_step against HF
-#     LlamaForCausalLM, SDPA, bf16, fused AdamW, the same micro-batches), as a ratio;
-#   - the LEV input path's host syncs and a profile of one 400M LEV step (bench_step.py --probe-config);
-#   - LEV's input layer alone (benchmarks/profile_lev_gpu.py, when present: chunk budget, the sync's cost);
-#   - a variant with the GPU-only options model.compile=true model.activation_fusion=true (400M LEV; skipped,
-#     and logged, when this checkout does not know a key).
-# Never part of CI or of a test's numbers (the test runs --dry only, for the script's logic).
+# GPU check (issues 19, 33, 44): one short run on one GPU (<= 9 minutes, installs included) answering, side by side:
+#   1. correctness first, on this GPU: the training loss's Liger kernel against our fused loss and Liger's own fused
+#      linear cross entropy (benchmarks/bench_loss.py), LEV's Triton spline kernel against the torch path and LEV's
+#      input layer per kernel (benchmarks/profile_lev_gpu.py), model.compile against eager, losses and every
+#      gradient in fp32 and bf16 plus 5 trainer steps (benchmarks/check_compile.py): each check-*.json;
+#   2. per scale (400M, 1.2B), TIED and LEV through the real trainer (leviathan_pretrain.train, bf16, ZeRO 1) at the
+#      new defaults + CANDIDATE (the options whose check is in this run): tokens/s, TFLOP/s, MFU, peak memory
+#      (torch.cuda.max_memory_allocated) vs plan.py, LEV/TIED;
+#   3. per scale, benchmarks/bench_step.py's four contestants on the same batches in rotating order: (A) ours at
+#      the old defaults (OLD), (B) ours at the new defaults + CANDIDATE, (C) Hugging Face Llama eager, (D) Hugging
+#      Face Llama + Liger (RMSNorm, SwiGLU, RoPE, fused linear CE in our number of chunks) + torch.compile; with a
+#      forward/backward/step breakdown, each one's memory, the host syncs and profile of one LEV step (first
+#      scale) and a memory snapshot of one step of ours at its peak (last scale: plan.py's transient term).
+# Never part of CI or of a test's numbers (the tests run --dry only, for the script's logic).
 #
-# Device tool, after `bash benchmarks/gpu_wheels.sh` here (DeepSpeed, megatron-core, pydantic, hjson wheels
-# for the GPU machine's Python 3.12 into .whl/, ~8 MiB):
-#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# Device tool, after `bash benchmarks/gpu_wheels.sh` here (DeepSpeed, megatron-core, liger-kernel, pydantic, hjson
+# wheels for the GPU machine's Python 3.12 into .whl/):
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=570, kind="nvidia-h200")
+# Expected ~500 s on an H200 (the 2026-12-04 sections' times plus the new ones, estimated); what does not fit BUDGET
+# is skipped and recorded, for a second run with SECTIONS / SCALES (e.g. SCALES=1.2b SECTIONS=step).
 # It writes into $OUT (the tool's return folder; else runs/gpu_check): gpu_check.log (every section's whole
-# output), summary.md, summary.json and the .gpu_check-output marker. Shards, runs and checkpoints go to a
-# temporary folder it creates and deletes (KEEP_WORK=1 keeps it).
+# output), summary.md, summary.json (per scale: ours_over_ref, ours_over_liger, ours_over_old, lev_over_tied, MFU,
+# each against issue 44's goals) and the .gpu_check-output marker. Shards, runs and checkpoints go to a temporary
+# folder it creates and deletes (KEEP_WORK=1 keeps it).
 #
 #   bash benchmarks/gpu_check.sh          one CUDA GPU; python3 (never the CPU .venv) + .whl/ installed into
 #                                         /tmp/site with pip --no-index --no-deps
-#   bash benchmarks/gpu_check.sh --dry    CPU, tiny shapes, .venv's python: the same sections, to check the script
+#   bash benchmarks/gpu_check.sh --dry    CPU, tiny shapes, .venv's python, Triton's interpreter: the same sections,
+#                                         to check the script (compile is skipped there: minutes on a CPU)
 #
 # Each section is time-boxed (`timeout`), its whole output goes to the log, and a failed or timed-out section is
 # recorded without losing the others; once BUDGET seconds are spent the rest are skipped, and say so. Exit status
 # 1 when a section failed or timed out (the summary says which), 2 on a usage / OUT error.
-# Environment: OUT, BUDGET (450; dry 600), SCALES ("400m 1.2b"; dry "tiny-cpu"), STEPS (per run: 20 at 400M,
-# 12 at 1.2B; dry 6; the first check's 1.2B runs took 400M's 20 by mistake), EXTRA (more key=value overrides for
-# every run), STEP_EXTRA (more overrides for bench_step's "ours" alone, e.g. model.loss_chunk_tokens=2048),
-# SECTIONS (which of "train step variant lev-input" run, in that order; default all; the others are recorded as
-# skipped: a second run on what the first left out), KEEP_WORK.
-# The full default run needs ~430 s on an H200 (the first one: BUDGET 450 left out variant and lev-input).
+# Environment: OUT, BUDGET (510; dry 900), SCALES ("400m 1.2b"; dry "tiny-cpu"), STEPS (per run: 13 at 400M, 10 at
+# 1.2B, the first 5 untimed; dry 4), PAIRS (rounds of bench_step, 4; dry 2), EXTRA (more key=value overrides for every run), CANDIDATE (the
+# options measured as new defaults in B and the trainer runs before they become defaults; default
+# "model.compile=true"), OLD (the overrides that give the old defaults, A), STEP_EXTRA (more overrides for
+# bench_step's B alone), SECTIONS (which of "checks train step" run, in that order; default all; the others are
+# recorded as skipped: a second run on what the first left out), KEEP_WORK.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 case "${1:-}" in
   --dry) DRY=1 ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu_check.sh [--dry]   (environment: OUT BUDGET SCALES STEPS EXTRA STEP_EXTRA" \
-       "SECTIONS KEEP_WORK)" >&2
+  *) echo "usage: bash benchmarks/gpu_check.sh [--dry]   (environment: OUT BUDGET SCALES STEPS PAIRS EXTRA" \
+       "CANDIDATE OLD STEP_EXTRA SECTIONS KEEP_WORK)" >&2
      exit 2 ;;
 esac
-ALL_SECTIONS="train step variant lev-input"
+ALL_SECTIONS="checks train step"
 SECTIONS="${SECTIONS:-$ALL_SECTIONS}"
 for s in $SECTIONS; do
   case " $ALL_SECTIONS " in
@@ -49,6 +57,12 @@ for s in $SECTIONS; do
   esac
 done
 wanted() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The keys that restore what the defaults were before issue 44 (A): the loss without Liger's kernel, LEV's torch
+# spline path with fp32 GEMMs, DeepSpeed's accumulation at the end of backward, torch.unique on the device, one
+# pageable copy per tensor (and each step's batch read at its start: bench_step.py prepares its batches ahead anyway).
+OLD_DEFAULTS="model.loss_impl=fused model.lev.kernel=torch model.lev.gemm_dtype=fp32 parallel.immediate_grad_update=false data.unique_ids=device data.packed_transfer=false data.prefetch=false"
+OLD="${OLD-$OLD_DEFAULTS}"
+CANDIDATE="${CANDIDATE-model.compile=true}"
 OUT="${OUT:-runs/gpu_check}"
 # Never delete what this script did not create: OUT is replaced only when it carries our marker.
 if [ -e "$OUT" ] && [ ! -f "$OUT/.gpu_check-output" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
@@ -68,16 +82,23 @@ export PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
   PY=python3; [ -x .venv/bin/python ] && PY="$PWD/.venv/bin/python"
   export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}" DS_ACCELERATOR=cpu
-  BUDGET="${BUDGET:-600}" SCALES="${SCALES:-tiny-cpu}"
+  export TRITON_INTERPRET=1  # the Triton kernels (Liger's, LEV's) on the CPU: slow, exact
+  BUDGET="${BUDGET:-900}" SCALES="${SCALES:-tiny-cpu}"
   DEV=(parallel.device=cpu parallel.backend=gloo)
+  CANDIDATE_RUN=""  # model.compile on a CPU takes minutes: the dry run checks the script, not compile
+  STEP_PAIRS=2 STEP_WARMUP=1  # Liger's kernels under the interpreter: ~10 s a tiny step
 else
-  PY=python3  # the machine's own Python (torch + CUDA); the wheels add what it lacks
+  PY=python3  # the machine's own Python (torch + CUDA + triton); the wheels add what it lacks
   export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}" DS_ACCELERATOR=cuda
-  BUDGET="${BUDGET:-450}" SCALES="${SCALES:-400m 1.2b}"
+  BUDGET="${BUDGET:-510}" SCALES="${SCALES:-400m 1.2b}"
   DEV=(parallel.device=cuda parallel.backend=nccl)
+  CANDIDATE_RUN="$CANDIDATE"
+  STEP_PAIRS=4 STEP_WARMUP=2
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 RESERVE=20  # seconds kept for the summary
+echo "OLD (A): $OLD" >> "$LOG"
+echo "CANDIDATE (B and the trainer runs): ${CANDIDATE_RUN:-none}" >> "$LOG"
 
 say() { echo "[gpu_check] $*" | tee -a "$LOG"; }
 not_wanted() {  # not_wanted NAME: a section left out by SECTIONS, recorded as such
@@ -107,13 +128,13 @@ section() {
   cat "$WORK/$name.log" >> "$LOG"
   case $rc in 0) state=ok ;; 124 | 137) state="timed out (${cap}s)" ;; *) state="failed (exit $rc)" ;; esac
   printf '%s\t%s\t%s\n' "$name" "$state" "$((SECONDS - t))" >> "$WORK/sections.tsv"
-  grep -E '^\[train\] step .*(tok/s|finished)|OURS/REF|^  (ours|ref) |LEV/TIED|host syncs|^(Traceback|[A-Za-z.]*Error)|error:' \
-    "$WORK/$name.log" | tail -n 12
+  grep -E '^\[train\] step .*(tok/s|finished)|OURS/|^  (ours|old|ref|liger) |LEV/TIED|host syncs|check.*(ok|FAILED)|^(Traceback|[A-Za-z.]*Error)|error:' \
+    "$WORK/$name.log" | tail -n 14
   say "$name: $state in $((SECONDS - t))s"
   return $rc
 }
 
-# ---- 1. the Python packages
+# ---- 0. the Python packages
 install() {
   if [ "$DRY" = 1 ]; then
     echo "dry: $PY (no install)"
@@ -128,7 +149,7 @@ import importlib, importlib.util, os, sys
 import torch
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")
-for name in ("deepspeed", "megatron.core", "transformers", "pydantic"):
+for name in ("deepspeed", "megatron.core", "transformers", "pydantic", "triton", "liger_kernel"):
     if os.environ["DRY"] == "1":  # the other sections import them anyway; here only whether they are there
         print(name, "found" if importlib.util.find_spec(name) else "MISSING")
     else:
@@ -145,15 +166,22 @@ if [ "$DRY" = 0 ]; then
     exit 1
 fi
 section install 90 bash -c install || say "error: the packages do not import (see the log); the sections that need them will fail"
+# A key OLD names that this checkout does not know fails A alone, loudly, before anything else: drop A, keep B-D.
+OLD_OK=1
+if [ -n "$OLD" ] && ! "$PY" -c "import sys; from leviathan_pretrain.config import load_config; load_config(sys.argv[1], sys.argv[2:])" \
+  configs/400m-lev.yaml $OLD >> "$LOG" 2>&1; then
+  say "error: OLD='$OLD' does not load (see the log): the step comparison runs without (A)"
+  OLD_OK=0
+fi
 
 # ---- per-scale settings: micro-batch, global batch (accumulation 4), steps
 plan_scale() {  # plan_scale SCALE -> MICRO GLOBAL RUN_STEPS WARMUP SHAPE[] (STEPS, the caller's, stays as given)
   SHAPE=()
   case $1 in
-    400m) MICRO=16 RUN_STEPS="${STEPS_400M:-${STEPS:-20}}" ;;
-    1.2b) MICRO=8 RUN_STEPS="${STEPS_12B:-${STEPS:-12}}" ;;
+    400m) MICRO=16 RUN_STEPS="${STEPS_400M:-${STEPS:-13}}" ;;
+    1.2b) MICRO=8 RUN_STEPS="${STEPS_12B:-${STEPS:-10}}" ;;
     tiny-cpu)
-      MICRO=2 RUN_STEPS="${STEPS:-6}"
+      MICRO=2 RUN_STEPS="${STEPS:-4}"
       SHAPE=(model.vocab_size=512 model.hidden_size=64 model.num_layers=2 model.seq_length=64 model.lev.seed_dim=16
              model.lev.rank=8) ;;
     *) MICRO=8 RUN_STEPS="${STEPS:-15}" ;;
@@ -166,25 +194,48 @@ common() {  # the overrides of every run at this scale
           parallel.pipeline_parallel=1 train.micro_batch_size="$MICRO" train.global_batch_size="$GLOBAL"
           ${EXTRA:-})
 }
+read -r FIRST _ <<< "$SCALES"
+LAST=${SCALES##* }
+CHECKS=()  # the checks' JSONs, attached to the summary
+
+# ---- 1. correctness on this device (and each kernel's time): the loss, LEV's kernel, compile
+if wanted checks; then
+  plan_scale "$FIRST"
+  common
+  # the loss at 400M's shape (a micro-batch of 8,192 tokens, D 1,024, V 200,064), LEV's layer at the first scale's
+  LOSS_ARGS=(--tokens 8192 --hidden 1024 --vocab 200064 --dtype bf16 --device cuda --reps 20)
+  LEV_ARGS=(--scale "$FIRST" --reps 20 --chunk-mib 512)
+  [ "$DRY" = 1 ] && LOSS_ARGS=(--dry) LEV_ARGS=(--device cpu --dry)
+  CHECKS+=("$WORK/check-loss.json" "$WORK/check-lev.json" "$WORK/check-compile.json")
+  section check-loss 120 "$PY" benchmarks/bench_loss.py "${LOSS_ARGS[@]}" --json "$WORK/check-loss.json"
+  section check-lev 60 "$PY" benchmarks/profile_lev_gpu.py "${LEV_ARGS[@]}" --json "$WORK/check-lev.json"
+  if [ "$DRY" = 1 ]; then
+    say "check-compile: dry: not run (torch.compile on a CPU takes minutes; python benchmarks/check_compile.py --dry by hand)"
+    printf 'check-compile\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
+  else  # 4 layers: every layer is the same compiled graph, so depth changes nothing of what is checked
+    section check-compile 120 "$PY" benchmarks/check_compile.py --config "configs/$FIRST-lev.yaml" \
+      --json "$WORK/check-compile.json" "${COMMON[@]}" model.num_layers=4
+  fi
+else
+  not_wanted checks
+fi
 
 # ---- 2. one synthetic Zipf shard (the vocabulary of the first scale's config; 1.2B and 400M share it)
-read -r FIRST _ <<< "$SCALES"
 plan_scale "$FIRST"
 common
 TOKENS=$(( (RUN_STEPS + 10) * GLOBAL * 513 * 12 / 10 + 20000 ))
-if wanted train || wanted variant; then  # the step bench and lev-input make their own tokens
+if wanted train; then  # the step bench makes its own tokens
   section shard 90 "$PY" benchmarks/bench_train.py --lev "configs/$FIRST-lev.yaml" --write-shard "$WORK/data/zipf" \
     --tokens "$TOKENS" "${COMMON[@]}"
-else
-  not_wanted shard
 fi
 SHARD="$WORK/data/zipf"
 
 RUNS=() ATTACH=()
-train() {  # train NAME CONFIG [overrides...]: one trainer run into $WORK/NAME (console log $WORK/NAME.log)
+train() {  # train NAME CONFIG CAP [overrides...]: one trainer run into $WORK/NAME (console log $WORK/NAME.log)
   local name=$1 config=$2 cap=$3
   shift 3
-  section "$name" "$cap" "$PY" -m leviathan_pretrain.train --config "$config" "${COMMON[@]}" "$@" \
+  # shellcheck disable=SC2086  # CANDIDATE_RUN: key=value words, split on purpose
+  section "$name" "$cap" "$PY" -m leviathan_pretrain.train --config "$config" "${COMMON[@]}" $CANDIDATE_RUN "$@" \
     "data.prefixes=[$SHARD]" data.split=98,1,1 "train.out_dir=$WORK/$name" train.steps="$RUN_STEPS" \
     train.eval_interval=0 logging.log_interval=5 logging.tensorboard=false checkpoint.save_interval=1000000 \
     checkpoint.resume=false
@@ -194,7 +245,7 @@ train() {  # train NAME CONFIG [overrides...]: one trainer run into $WORK/NAME (
   rm -rf "$WORK/$name/checkpoints"  # the final checkpoint (GBs at 1.2B): ours, and not needed
 }
 
-# ---- 3. per scale: TIED and LEV through the trainer, then ours vs bare PyTorch (+ the probe at the first scale)
+# ---- 3. per scale: TIED and LEV through the trainer, then the four contestants (+ probe, memory snapshot)
 for SCALE in $SCALES; do
   plan_scale "$SCALE"
   common
@@ -210,48 +261,22 @@ for SCALE in $SCALES; do
     not_wanted "step-$SCALE"
     continue
   fi
-  PROBE=()  # the LEV input path (first scale): host syncs and a profile of one step, in the same process
-  [ "$SCALE" = "$FIRST" ] && PROBE=(--probe-config "configs/$SCALE-lev.yaml")
+  MORE=()
+  [ "$SCALE" = "$FIRST" ] && MORE+=(--probe-config "configs/$SCALE-lev.yaml")  # host syncs + profile of a LEV step
+  [ "$SCALE" = "$LAST" ] && [ "$DRY" = 0 ] && MORE+=(--memory-snapshot "$OUT/memory-$SCALE.json")
+  [ "$OLD_OK" = 1 ] && [ -n "$OLD" ] && MORE+=(--old "$OLD")
+  [ "$DRY" = 1 ] && MORE+=(--liger-eager)  # compile under Triton's interpreter: not on a CPU
   ATTACH+=("$WORK/step-$SCALE.json")
-  # shellcheck disable=SC2086  # STEP_EXTRA: key=value words, split on purpose
-  section "step-$SCALE" 120 "$PY" benchmarks/bench_step.py --config "configs/$SCALE-tied.yaml" --pairs "${PAIRS:-6}" \
-    --warmup 2 --breakdown --breakdown-pairs 2 "${PROBE[@]}" --json "$WORK/step-$SCALE.json" "${COMMON[@]}" \
-    ${STEP_EXTRA:-}
+  # shellcheck disable=SC2086  # CANDIDATE_RUN, STEP_EXTRA: key=value words, split on purpose
+  section "step-$SCALE" 180 "$PY" benchmarks/bench_step.py --config "configs/$SCALE-tied.yaml" \
+    --pairs "${PAIRS:-$STEP_PAIRS}" --warmup "$STEP_WARMUP" --breakdown --breakdown-pairs 1 --liger "${MORE[@]}" \
+    --json "$WORK/step-$SCALE.json" "${COMMON[@]}" $CANDIDATE_RUN ${STEP_EXTRA:-}
 done
 
-# ---- 4. the GPU-only options (another helper's keys): skipped, logged, when this checkout does not know them
-plan_scale "$FIRST"
-common
-VARIANT=(model.compile=true model.activation_fusion=true)
-if ! wanted variant; then
-  not_wanted variant
-elif ! "$PY" -c "import sys; from leviathan_pretrain.config import load_config; load_config(sys.argv[1], sys.argv[2:])" \
-  "configs/$FIRST-lev.yaml" "${VARIANT[@]}" >> "$LOG" 2>&1; then
-  say "variant: skipped, this checkout does not accept ${VARIANT[*]} (see the log)"
-  printf 'variant\tskipped (unknown key)\t0\n' >> "$WORK/sections.tsv"
-elif [ "$DRY" = 1 ]; then
-  say "variant: keys accepted; dry: not trained (torch.compile on a CPU takes minutes)"
-  printf 'variant\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
-else
-  train "${FIRST}_compile_fusion-lev" "configs/$FIRST-lev.yaml" 150 "${VARIANT[@]}"
-fi
-
-# ---- 5. LEV's input layer alone (benchmarks/profile_lev_gpu.py, another helper's: chunk budget, the sync's cost)
-if ! wanted lev-input; then
-  not_wanted lev-input
-elif [ ! -f benchmarks/profile_lev_gpu.py ]; then
-  printf 'lev-input\tskipped (no profile_lev_gpu.py)\t0\n' >> "$WORK/sections.tsv"
-elif [ "$DRY" = 1 ]; then
-  say "lev-input: dry: not run (GPU shapes; its own --device cpu smoke test is its author's)"
-  printf 'lev-input\tskipped (dry)\t0\n' >> "$WORK/sections.tsv"
-else
-  section lev-input 60 "$PY" benchmarks/profile_lev_gpu.py --scale "$FIRST" --reps 10
-fi
-
-# ---- 6. the summary (not time-boxed by BUDGET)
+# ---- 4. the summary (not time-boxed by BUDGET)
 plan_scale "$FIRST"
 say "summary ($((SECONDS - T0))s elapsed)"
-"$PY" benchmarks/bench_train.py --summarize "${RUNS[@]}" --warmup "$WARMUP" --attach "$WORK/sections.tsv" \
+"$PY" benchmarks/gpu_summary.py "${RUNS[@]}" --warmup "$WARMUP" --attach "$WORK/sections.tsv" "${CHECKS[@]}" \
   "${ATTACH[@]}" --json "$OUT/summary.json" --md "$OUT/summary.md" 2>&1 | tee -a "$LOG"
 [ -f "$OUT/summary.md" ] && cat "$OUT/summary.md"
 say "done in $((SECONDS - T0))s: $OUT/gpu_check.log, $OUT/summary.md, $OUT/summary.json"

@@ -3,9 +3,10 @@
 # The GPU machine has no network; its python3 is 3.12 with torch 2.11+cu130, transformers, tensorboard, numpy,
 # einops, ninja, msgpack, psutil, py-cpuinfo, tqdm, pyyaml, packaging, mpi4py, but no DeepSpeed, megatron-core,
 # hjson, pydantic (pydantic-core, annotated-types, typing-inspection) and maybe an older typing-extensions
-# (pydantic 2.14 needs >= 4.16). gpu_check.sh installs exactly these there with
+# (pydantic 2.14 needs >= 4.16), and no liger-kernel (pure Python; its triton is the machine's, 3.6 with torch 2.11).
+# gpu_check.sh installs exactly these there with
 # `pip install --no-index --no-deps --target`, so the list below is the whole set, one version of each:
-#   - megatron-core, DeepSpeed: the versions pinned in requirements.txt;
+#   - megatron-core, DeepSpeed: the versions pinned in requirements.txt; liger-kernel: requirements-test.txt's;
 #   - the rest: the versions the CPU .venv runs the tests with (pip show there), else the fallbacks below.
 # DeepSpeed 0.19.8 is an sdist: it is built here into a pure-Python wheel with no prebuilt ops
 # (DS_BUILD_OPS=0; ops are JIT-built at first use, and the trainer uses none: torch's own AdamW).
@@ -16,17 +17,20 @@ cd "$(dirname "$0")/.."
 DEST=.whl
 PY="${PYTHON:-}"
 [ -z "$PY" ] && { [ -x .venv/bin/python ] && PY=.venv/bin/python || PY=python3; }
-pin() {  # requirements.txt's pin of $1
-  grep -i -E "^$1==" requirements.txt | head -1 | cut -d= -f3
+pin() {  # requirements.txt's (else requirements-test.txt's) pin of $1
+  grep -h -i -E "^$1==" requirements.txt requirements-test.txt | head -1 | cut -d= -f3
 }
 have() {  # the version the CPU venv has of $1, else $2
   "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null || echo "$2"
 }
 MEGATRON=$(pin megatron-core)
 DEEPSPEED=$(pin deepspeed)
-[ -n "$MEGATRON" ] && [ -n "$DEEPSPEED" ] || { echo "error: no megatron-core/deepspeed pin in requirements.txt" >&2; exit 1; }
+LIGER=$(pin liger-kernel)
+[ -n "$MEGATRON" ] && [ -n "$DEEPSPEED" ] && [ -n "$LIGER" ] ||
+  { echo "error: no megatron-core/deepspeed/liger-kernel pin in requirements*.txt" >&2; exit 1; }
 BINARY=(
   "megatron-core==$MEGATRON"
+  "liger-kernel==$LIGER"
   "pydantic-core==$(have pydantic-core 2.50.5)"
   "pydantic==$(have pydantic 2.14.4)"
   "annotated-types==$(have annotated-types 0.8.0)"

@@ -18,6 +18,10 @@ from leviathan_pretrain.model import variants  # closed forms only: no torch/meg
 VARIANTS = variants.names()  # the paper's six (model/variants.py); a registered one is accepted too
 
 
+LEV_KERNELS = ("auto", "torch", "triton")  # model.lev.kernel
+LEV_GEMM_DTYPES = ("auto", "fp32", "model")  # model.lev.gemm_dtype
+
+
 @dataclass
 class LEVConfig:
     """LEV input layer hyper-parameters (spec defaults)."""
@@ -42,6 +46,11 @@ class LEVConfig:
     chunk_mib: float | None = None
     chunk_elements: int | None = None  # legacy (before chunk_mib): ids = chunk_elements // (heads/tp*d_seed*r)
     recompute: bool = True  # recompute chunk intermediates in backward instead of storing them
+    # the spline product: torch (chunks, model/spline.py) | triton (model/spline_triton.py; a GPU, or the CPU under
+    # TRITON_INTERPRET=1) | auto (triton on CUDA when it imports, else torch); recompute=false is always torch
+    kernel: str = "auto"
+    # LEV's output GEMM M @ W_out: fp32 | model (in the model dtype, bf16 on a GPU run) | auto (model on CUDA)
+    gemm_dtype: str = "auto"
 
     def resolved_base(self, vocab_size: int) -> int:
         if self.base is not None:
@@ -76,6 +85,16 @@ class LEVConfig:
             self.knots >= 3, f"{prefix}.knots", f"kappa must be >= 3 for a quadratic B-spline basis, got {self.knots}"
         )
         require(self.log_eps > 0, f"{prefix}.log_eps", "must be > 0")
+        require(
+            self.kernel in LEV_KERNELS,
+            f"{prefix}.kernel",
+            f"must be one of {', '.join(LEV_KERNELS)}, got {self.kernel!r}",
+        )
+        require(
+            self.gemm_dtype in LEV_GEMM_DTYPES,
+            f"{prefix}.gemm_dtype",
+            f"must be one of {', '.join(LEV_GEMM_DTYPES)}, got {self.gemm_dtype!r}",
+        )
         std = self.out_init_std
         require(
             std is None or std == "match" or (not isinstance(std, str) and std > 0),
@@ -103,7 +122,10 @@ class ModelConfig:
     init_method_std: float = 0.02
     make_vocab_size_divisible_by: int = 128
     attention_backend: str = "auto"  # auto | sdpa (CPU-safe) | megatron (default mcore, GPU)
-    loss_impl: str = "fused"  # fused (chunked linear + cross entropy, model/loss.py) | megatron (unfused logits)
+    # fused (chunked linear + cross entropy, model/loss.py) | liger (its training mean through Liger-Kernel's Triton
+    # kernel, model/loss_liger.py: CUDA, TP = 1) | megatron (unfused logits) | auto (liger on CUDA at TP = 1 when
+    # liger-kernel imports, else fused; resolved at model build)
+    loss_impl: str = "auto"
     loss_chunk_tokens: int | None = None  # tokens per chunk of the fused loss; None -> sizes.loss_chunk_tokens
     lev: LEVConfig = field(default_factory=LEVConfig)
     albert_dim: int | None = None  # e; None -> matched to LEV's input parameter count
@@ -145,9 +167,9 @@ class ModelConfig:
             f"must be auto, sdpa or megatron, got {self.attention_backend!r}",
         )
         require(
-            self.loss_impl in ("fused", "megatron"),
+            self.loss_impl in ("auto", "fused", "liger", "megatron"),
             f"{prefix}.loss_impl",
-            f"must be fused or megatron, got {self.loss_impl!r}",
+            f"must be auto, fused, liger or megatron, got {self.loss_impl!r}",
         )
         require(
             self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
@@ -167,6 +189,12 @@ class ModelConfig:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""
         self.resolve_vocab(data, prefix)
         tp = parallel.tensor_parallel
+        require(
+            self.loss_impl != "liger" or tp == 1,
+            f"{prefix}.loss_impl",
+            f"liger needs parallel.tensor_parallel=1, got {tp}: its kernel normalises over the whole vocabulary row "
+            "and a tensor-parallel rank holds a slice of it; use fused (or auto)",
+        )
         for key, width in variants.get(self.variant).tp_widths(self).items():  # the widths it shards over TP
             require(
                 width % tp == 0,
@@ -234,6 +262,22 @@ class DataConfig:
     eod_mask_loss: bool = False  # no loss on predicting the token after an EOD
     require_prebuilt_cache: bool = False  # fail at start (exit 2) unless build_data_cache built the
     # index cache (else rank 0 builds it while others wait)
+    # where a unique-id input layer's (LEV, ALBERT, the MLPs) unique ids are made: host (the data path, no host
+    # synchronisation in the forward) | device (torch.unique in the forward) | auto (host at PP = 1 without the
+    # pipeline engine, else device); the tables have none (trainer/transfer.py)
+    unique_ids: str = "auto"
+    unique_bucket: int = 256  # host unique ids are padded to a multiple of this (1: no padding)
+    # one contiguous host buffer per micro-batch (pinned on CUDA), one non-blocking copy to the device; false: each
+    # tensor copied on its own (pageable, blocking: the old path)
+    packed_transfer: bool = True
+    # the next global batch read, checked and prepared on one background thread while the current step runs (the
+    # same batches, by sample position; trainer/prefetch.py); false: read at the start of each step. null:
+    # on for CUDA runs (the host builds it while the GPU works), off on the CPU (it would take a core from compute)
+    prefetch: bool | None = None
+
+    def resolved_prefetch(self, device_type: str) -> bool:
+        """``prefetch`` with null resolved for the run's device (``cuda`` / ``cpu``)."""
+        return device_type == "cuda" if self.prefetch is None else self.prefetch
 
     def validate(self, prefix: str) -> None:
         if self.weights is not None:
@@ -247,6 +291,16 @@ class DataConfig:
                 f"{prefix}.weights",
                 "must be non-negative with a positive sum",
             )
+        require(
+            self.unique_ids in ("auto", "host", "device"),
+            f"{prefix}.unique_ids",
+            f"must be auto, host or device, got {self.unique_ids!r}",
+        )
+        require(
+            self.unique_bucket >= 1,
+            f"{prefix}.unique_bucket",
+            f"must be >= 1 (1: no padding), got {self.unique_bucket}",
+        )
         try:
             split_weights(self.split)
         except ValueError:
@@ -392,6 +446,12 @@ class Config:
             "optim.lev_lr_mult",
             f"{self.optim.lev_lr_mult} scales the LR of LEV's parameters, but model.variant={m.variant} has none; "
             "leave it at 1.0",
+        )
+        require(
+            self.data.unique_ids != "host" or not p.uses_pipeline_engine,
+            "data.unique_ids",
+            "host needs the PP = 1 engine: DeepSpeed's pipeline engine (parallel.pipeline_parallel > 1 or "
+            "parallel.pipeline_engine) feeds its first stage (tokens, position_ids) alone; use auto or device",
         )
         require(
             m.num_layers % p.pipeline_parallel == 0 or m.num_layers >= p.pipeline_parallel,

@@ -45,6 +45,11 @@ class ParallelConfig:
     # 1-3 (ZeRO 1: BF16_Optimizer), bf16 at ZeRO 0 (DeepSpeed 0.19.8 has no fp32 path there) and with the
     # pipeline engine (BF16_Optimizer sums wrong gradients there) | fp32 | bf16
     grad_accum_dtype: str = "auto"
+    # DeepSpeed bf16.immediate_grad_update: BF16_Optimizer adds each parameter's bf16 gradient into its fp32
+    # accumulator from a hook as soon as autograd has it, then frees it (false: DeepSpeed's default, every bf16
+    # gradient kept and added after each backward). null: on wherever BF16_Optimizer accumulates in fp32 (bf16,
+    # ZeRO 1, fp32 accumulation, not the pipeline engine); true elsewhere is refused (nothing reads it there)
+    immediate_grad_update: bool | None = None
     overlap_comm: bool | None = None  # ZeRO 1/2: reduce gradients during backward; null: true on CUDA, false on CPU
     reduce_bucket_elements: int = 500_000_000  # ZeRO 1-3 reduce bucket (GPU: 2 of them with overlap_comm)
     allgather_bucket_elements: int = 500_000_000  # ZeRO 1/2 and BF16_Optimizer weight all-gather chunk
@@ -98,6 +103,15 @@ class ParallelConfig:
             "bf16 with DeepSpeed's pipeline engine at ZeRO 0 uses BF16_Optimizer, which sums wrong gradients "
             "there when accumulating (DeepSpeed 0.19.8, tests/test_grad_accum.py); use zero_stage=1",
         )
+        require(
+            self.immediate_grad_update is not True or self.uses_bf16_optimizer_fp32,
+            f"{prefix}.immediate_grad_update",
+            "true applies only to DeepSpeed's BF16_Optimizer accumulating in fp32 (parallel.precision=bf16, "
+            "zero_stage=1, grad_accum_dtype auto or fp32, not the pipeline engine); here precision="
+            f"{self.precision}, zero_stage={self.zero_stage}, accumulation {self.resolved_grad_accum_dtype}"
+            + (", the pipeline engine" if self.uses_pipeline_engine else "")
+            + ": leave it null (or false)",
+        )
         for name in ("reduce_bucket_elements", "allgather_bucket_elements"):
             v = getattr(self, name)
             require(v >= 2 and v % 2 == 0, f"{prefix}.{name}", f"must be an even number >= 2 (DeepSpeed), got {v}")
@@ -125,6 +139,25 @@ class ParallelConfig:
         if self.precision == "bf16":  # the pipeline engine: see validate (BF16_Optimizer's wrong sums there)
             return "fp32" if self.zero_stage >= 1 and not self.uses_pipeline_engine else "bf16"
         return self.precision
+
+    @property
+    def uses_bf16_optimizer_fp32(self) -> bool:
+        """Whether DeepSpeed (0.19.8) runs this layout through ``BF16_Optimizer`` with an fp32 accumulator: bf16
+        at ZeRO 1 with fp32 accumulation, outside the pipeline engine (which refuses fp32, see validate)."""
+        return (
+            self.precision == "bf16"
+            and self.zero_stage == 1
+            and self.resolved_grad_accum_dtype == "fp32"
+            and not self.uses_pipeline_engine
+        )
+
+    @property
+    def resolved_immediate_grad_update(self) -> bool:
+        """DeepSpeed's ``bf16.immediate_grad_update``: ``immediate_grad_update`` with null resolved (on wherever
+        :attr:`uses_bf16_optimizer_fp32`, else off)."""
+        if self.immediate_grad_update is None:
+            return self.uses_bf16_optimizer_fp32
+        return self.immediate_grad_update
 
     def resolved_overlap_comm(self, cuda: bool) -> bool:
         """``overlap_comm`` with ``null`` resolved for this device (true on CUDA, false on CPU)."""

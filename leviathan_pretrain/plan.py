@@ -30,14 +30,16 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   ========================================  =======  ===========  ============  =========================
   fp32, ZeRO 0 (our AdamW, no wrapper)      4        4            8 (m, v)      16 x largest tensor
   bf16/fp16, ZeRO 0 (FP16_UnfusedOptimizer) 2        2            12            4 (fp32 grads) + 8 x lt.
-  bf16, ZeRO 1, a = 4 (BF16_Optimizer)      2        2 + 4 (acc)  12 / DP       8 / DP
+  bf16, ZeRO 1, a = 4 (BF16_Optimizer)      2        4 (acc) *    12 / DP       8 / DP
   ZeRO 1 (DeepSpeedZeroOptimizer)           w        w            12 / DP       12 / DP
   ZeRO 2                                    w        a / DP       12 / DP       12 / DP
   ZeRO 3                                    w / DP   a / DP       12 / DP       12 / DP
   ========================================  =======  ===========  ============  =========================
 
   12 = fp32 master weights + Adam m + v (the ZeRO paper's K = 12), also for an fp32 model under ZeRO >= 1.
-  BF16_Optimizer keeps every bf16 ``.grad`` (zeroed, never freed) and the whole accumulator. Step temporaries:
+  * BF16_Optimizer keeps the whole accumulator; with ``parallel.immediate_grad_update`` (its default) each bf16
+  ``.grad`` is added in and freed as autograd finishes it (counted: 2 x the largest tensor), without it every bf16
+  ``.grad`` is kept (zeroed, never freed: 2 more). Step temporaries:
   the fp32 gradients made before ``optimizer.step`` (FP16_UnfusedOptimizer: of every parameter; ZeRO: the flat
   fp32 partition, 4 / DP; BF16_Optimizer's fp32 accumulator is used in place) and torch AdamW's
   temporaries, 8 B per element of the tensor it works on (the whole flat partition under ZeRO, else the
@@ -67,6 +69,11 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   ``c * V_pad / TP * (4 + e)`` (the e GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state
   gradient ``e T D`` and, for e != 4, the fp32 sum of the head weight's gradient plus one chunk's e product
   (``(4 + e) V_pad / TP * D``).
+  ``liger`` (model/loss_liger.py; ``auto`` resolves to it for a GPU plan at TP = 1 when liger-kernel and triton are
+  installed here: ``settings.resolved_loss_impl``) holds only the e logits of a chunk, sized from the same budget at
+  e bytes per logit: ``c * V_pad * e``, the fp32 hidden-state gradient ``4 T D`` and, for e != 4, the fp32 sum of the
+  head weight's gradient ``4 V_pad D`` (on a GPU the chunk's product is summed inside the GEMM). A GPU whose kernel
+  fails to compile falls back to ``fused`` under ``auto``, which holds more (the plan does not know).
   ``megatron``: ``T * V_pad / TP * 4`` for the fp32 softmax ``vocab_parallel_cross_entropy`` keeps for
   backward, plus ``T * V_pad / TP * e`` for the e logits next to it (in fp32 the cast is a no-op).
 - **buffers**: DeepSpeed's gradient buckets, B = ``parallel.reduce_bucket_elements`` (5e8): ZeRO 0 flattens the
@@ -96,7 +103,7 @@ from dataclasses import dataclass, field
 from data_prep.dtypes import DTYPES, nbytes
 from leviathan_pretrain.config_parallel import accumulation_steps, batch_problem
 from leviathan_pretrain.model import counts, sizes, variants
-from leviathan_pretrain.model.settings import resolved_attention
+from leviathan_pretrain.model.settings import liger_installed, resolved_attention, resolved_loss_impl
 from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: F401 (re-exported)
 
 GIB = 2**30
@@ -130,6 +137,7 @@ class Plan:
     precision: str = "fp32"
     params_per_rank: int = 0  # parameters held by one rank of that stage (before ZeRO partitioning)
     buffers_in_backward: bool = False  # see buffers_in_backward(): how ``total`` adds the buffers
+    loss_impl: str = ""  # model.loss_impl as the build would resolve it (loss_impl())
 
 
 # ---------------------------------------------------------------- parameters per TP rank
@@ -212,12 +220,24 @@ def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
     return float(variants.get(m.variant).activation_bytes(m, min(tokens, m.vocab_size), tp, e))
 
 
+def loss_impl(m, tp: int, device: str) -> str:
+    """``model.loss_impl`` as a build on ``device`` (``gpu``/``cpu``) would resolve it (``auto``: ``liger`` on a GPU at
+    TP = 1 when liger-kernel is installed here, else ``fused``)."""
+    liger_ok = m.loss_impl == "auto" and device == "gpu" and tp == 1 and liger_installed()
+    return resolved_loss_impl(m.loss_impl, device, tp, liger_ok)
+
+
 def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
     """The loss path's memory for one micro-batch of ``tokens`` on the last stage (see the module doc)."""
     v = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp) // tp
     cast = e if e != 4 else 0  # the model-dtype logits next to their fp32 copy (none in fp32)
-    if m.loss_impl == "megatron":
+    impl = loss_impl(m, tp, device)
+    if impl == "megatron":
         return float(tokens * v * (4 + cast))
+    if impl == "liger":
+        c = sizes.balanced_chunk(tokens, sizes.loss_chunk_tokens(v, device, m.loss_chunk_tokens, e))
+        gw = (4 + e * (device == "cpu")) * v * m.hidden_size * (e != 4)  # the CPU: a model-dtype product per chunk
+        return float(c * v * e + 4 * tokens * m.hidden_size + gw)
     c = sizes.balanced_chunk(tokens, sizes.loss_chunk_tokens(v, device, m.loss_chunk_tokens))
     return float(c * v * (4 + cast) + e * tokens * m.hidden_size + (4 + e) * v * m.hidden_size * (e != 4))
 
@@ -238,6 +258,11 @@ def optimizer_wrapper(cfg) -> str:
     return "AdamW (no wrapper)" if p.precision == "fp32" else "FP16_UnfusedOptimizer"
 
 
+def _grads_freed(cfg) -> bool:
+    """BF16_Optimizer with ``immediate_grad_update``: no bf16 ``.grad`` outlives its hook."""
+    return optimizer_wrapper(cfg) == "BF16_Optimizer" and cfg.parallel.resolved_immediate_grad_update
+
+
 def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[str, float]:
     """``parameters``, ``gradients``, ``optimizer``, ``buffers``, ``step`` bytes for ``params`` parameters on
     one rank (see the module doc's table)."""
@@ -256,7 +281,10 @@ def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[st
         out = dict(parameters=2 * P, gradients=2 * P, optimizer=12 * P, step=4 * P + 8.0 * largest)
         out["buffers"] = 2.0 * min(P, DS_BUCKET_ELEMENTS)
     elif kind == "BF16_Optimizer":
-        out = dict(parameters=2 * P, gradients=6 * P, optimizer=12 * P / dp, step=8 * P / dp)
+        # immediate_grad_update (the default): each bf16 .grad is added into the fp32 accumulator as autograd
+        # finishes it, then freed: about the largest one at a time; without it every bf16 .grad stays
+        lp = 2.0 * largest if pc.resolved_immediate_grad_update else 2 * P
+        out = dict(parameters=2 * P, gradients=4 * P + lp, optimizer=12 * P / dp, step=8 * P / dp)
         out["buffers"] = 2 * P + 4 * P * (P < DS_BUCKET_ELEMENTS)
     else:
         overlap = z in (1, 2) and pc.resolved_overlap_comm(device == "gpu")
@@ -292,8 +320,8 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
     per_mb += 2.0 * e * T * m.hidden_size if pp > 1 else 0.0
     in_flight = min(pp - stage, gas) if pp > 1 else 1
     act = in_flight * per_mb
-    if gas > 1:  # accumulating: autograd's fresh gradient of the largest weight, before it is added into .grad
-        act += e * largest
+    if gas > 1 and not _grads_freed(cfg):  # accumulating: autograd's fresh gradient of the largest weight, before
+        act += e * largest  # it is added into .grad (freed at once instead: counted with the gradients)
     if attn == "megatron" and st["blocks"]:
         act += (2 * e + 4 if e != 4 else 2 * e) * b * m.num_attention_heads / tp * s * s
     logits = logits_bytes(m, T, tp, e, device) if st["head"] else 0.0
@@ -362,6 +390,7 @@ def make_plan(cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_lim
         precision=p.precision,
         params_per_rank=params,
         buffers_in_backward=buffers_in_backward(device, p.zero_stage, p.uses_pipeline_engine),
+        loss_impl=loss_impl(m, tp, device),
     )
     if mem_limit_gb is not None and memory["total"] > mem_limit_gb * GIB:
         problems.append(_memory_problem(cfg, plan))
@@ -405,7 +434,7 @@ def format_plan(plan: Plan) -> str:
         f"batch: micro {plan.micro_batch} x accumulation {plan.grad_accum} x DP {plan.dp} = global "
         f"{plan.global_batch} sequences x {plan.seq_length} tokens = {plan.tokens_per_step:,} tokens/step",
         f"memory per rank, GiB (pipeline stage {plan.stage} of {plan.pp}; ZeRO {plan.zero_stage}, {plan.precision}, "
-        f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank):",
+        f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank; loss {plan.loss_impl}):",
     ]
     for k in COMPONENTS:
         lines.append(f"  {k:<12} {mem[k] / GIB:9.2f}")

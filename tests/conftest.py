@@ -31,6 +31,13 @@ import pytest
 
 from tests import tiers
 
+# Triton's interpreter for the GPU kernels under test (Liger-Kernel's cross entropy: model.loss_impl=liger): Triton
+# reads TRITON_INTERPRET when a @triton.jit kernel is defined, i.e. when its module is imported, so it is set here,
+# before any test module imports triton or liger_kernel (nothing imported above, nor pytest's plugins, does: checked
+# by tests/test_loss_liger.py). Worker processes inherit it. setdefault: TRITON_INTERPRET=0 in the environment runs
+# the kernels compiled (a GPU machine).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_PREP = REPO / "data_prep"
 

@@ -281,14 +281,19 @@ def two_ranks_with_a_fault(tmp_path, extra: list[str], env: dict, grace: float):
 
 
 @pytest.mark.multiproc
-def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path):
+@pytest.mark.parametrize("where", ["model", "data"])
+def test_an_error_on_one_rank_ends_every_rank_promptly(tmp_path, where):
     """A bad token id on rank 1 of 2 (DP=2) while rank 0 waits in the gradient all-reduce: both exit non-zero
-    by themselves within seconds (the collective timeout is 10 minutes), the error printed once."""
+    by themselves within seconds (the collective timeout is 10 minutes), the error printed once. ``model``: put
+    into the prepared batch, raised by the model; ``data``: in the samples themselves, raised by the data loader's
+    host check while building step 3's batch, which data.prefetch (on here) does on its thread during step 2: raised
+    at step 3 all the same (rank 0 lost its peer in step 3)."""
     t0 = time.monotonic()
+    fault = "TOKEN" if where == "model" else "SAMPLE"
     res = two_ranks_with_a_fault(
         tmp_path,
-        ["train.steps=6", "parallel.zero_stage=1"],
-        {"LEV_TEST_BAD_TOKEN_RANK": 1, "LEV_TEST_BAD_TOKEN_STEP": 3},
+        ["train.steps=6", "parallel.zero_stage=1", "data.prefetch=true"],
+        {f"LEV_TEST_BAD_{fault}_RANK": 1, f"LEV_TEST_BAD_{fault}_STEP": 3},
         grace=90,
     )
     elapsed = time.monotonic() - t0

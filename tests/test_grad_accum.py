@@ -1,6 +1,7 @@
 """Gradient accumulation dtype, ZeRO buckets/overlap and the AdamW kernel (issue 19): the DeepSpeed config and
 optimizer a run gets, config-load refusals, fp32 accumulation of bf16 gradients measured against bf16
-accumulation, and a bitwise bf16 resume through BF16_Optimizer."""
+accumulation, and a bitwise bf16 resume through BF16_Optimizer; BF16_Optimizer's ``immediate_grad_update``
+(issue 44) gives the same losses and gradient norms bit for bit, and its checkpoints load either way."""
 
 import json
 
@@ -10,7 +11,7 @@ import torch
 from leviathan_pretrain.config import ConfigError, load_config
 from leviathan_pretrain.trainer.engine import adamw_kernel, build_optimizer, deepspeed_config
 from tests.multiproc import run_ranks
-from tests.workers.train_common import CONFIG, TINY, events, launch, losses, spec, workdir
+from tests.workers.train_common import CONFIG, TINY, events, launch, losses, records, spec, workdir
 
 
 def cfg_of(*over):
@@ -93,6 +94,37 @@ def test_bf16_with_the_pipeline_engine_never_gets_bf16_optimizer():
         )
     with pytest.raises(ConfigError, match="parallel.zero_stage: bf16 with DeepSpeed's pipeline engine at ZeRO 0"):
         cfg_of("parallel.precision=bf16", "parallel.zero_stage=0", "parallel.pipeline_parallel=2")
+
+
+def test_bf16_optimizer_adds_each_gradient_in_a_hook_where_it_accumulates_in_fp32():
+    """``parallel.immediate_grad_update`` null: DeepSpeed's ``bf16.immediate_grad_update`` on exactly where
+    BF16_Optimizer accumulates in fp32 (bf16, ZeRO 1, fp32 accumulation, not the pipeline engine), off elsewhere
+    (nothing else reads it); false restores DeepSpeed's after-backward pass; true elsewhere is refused."""
+
+    def flag(*over):
+        return deepspeed_config(cfg_of(*over), 1, False)["bf16"]["immediate_grad_update"]
+
+    bf16 = "parallel.precision=bf16"
+    assert flag(bf16, "parallel.zero_stage=1") is True
+    assert flag(bf16, "parallel.zero_stage=1", "parallel.grad_accum_dtype=fp32") is True
+    assert flag(bf16, "parallel.zero_stage=1", "parallel.immediate_grad_update=false") is False  # the old path
+    for over in (
+        ["parallel.zero_stage=0"],
+        ["parallel.zero_stage=2"],
+        ["parallel.zero_stage=3"],
+        ["parallel.zero_stage=1", "parallel.grad_accum_dtype=bf16"],
+        ["parallel.zero_stage=1", "parallel.pipeline_engine=true"],
+    ):
+        assert flag(bf16, *over) is False, over
+    assert deepspeed_config(cfg_of(), 1, False)["bf16"] == {"enabled": False, "immediate_grad_update": False}
+    for over in (
+        ["parallel.zero_stage=2"],
+        ["parallel.precision=fp32", "parallel.zero_stage=1"],
+        ["parallel.zero_stage=1", "parallel.grad_accum_dtype=bf16"],
+        ["parallel.zero_stage=1", "parallel.pipeline_engine=true"],
+    ):
+        with pytest.raises(ConfigError, match=r"parallel\.immediate_grad_update: true applies only to .*BF16_Optim"):
+            cfg_of(bf16, *over, "parallel.immediate_grad_update=true")
 
 
 # ---------------------------------------------------------------- the AdamW kernel
@@ -192,3 +224,41 @@ def test_bf16_resume_is_bitwise_through_bf16_optimizer():
         assert [a[s] for s in range(7, 13)] == [b[s] for s in range(7, 13)]  # exact float equality
         assert events(f"bf16_z{z}_part", "resumed")[-1]["tag"] == "global_step6"
     assert (workdir() / "bf16_z1_full" / "checkpoints").is_dir()
+
+
+@pytest.mark.multiproc
+def test_immediate_grad_update_sums_what_deepspeeds_after_backward_pass_sums():
+    """bf16, ZeRO 1, DP 2 (2 gloo ranks), 4 micro-batches per step, 8 steps: with ``parallel.immediate_grad_update``
+    on (the hook adds each parameter's fresh bf16 gradient into the fp32 accumulator, then frees it) and off
+    (DeepSpeed zeroes every bf16 ``.grad`` at the start of each backward and adds them all after it) the logged
+    losses and global gradient norms are bit-identical: both add each micro-batch's own gradient once. The
+    checkpoint of either loads into the other (stopped at step 4, resumed with the flag flipped): the resumed
+    losses are the uninterrupted run's exactly."""
+    common = (
+        "parallel.precision=bf16",
+        "parallel.zero_stage=1",
+        "train.micro_batch_size=1",
+        "train.steps=8",
+        "train.eval_interval=0",
+    )
+    on, off = "parallel.immediate_grad_update=true", "parallel.immediate_grad_update=false"
+    runs = [spec("igu_on", *common, on), spec("igu_off", *common, off)]
+    runs += [spec("igu_off_on", *common, off, "train.exit_at_step=4")]
+    runs += [spec("igu_on_off", *common, on, "train.exit_at_step=4")]
+    first = launch("igu_first", runs, nprocs=2)
+    assert first["codes"]["igu_off_on"] == first["codes"]["igu_on_off"] == {0: 75, 1: 75}
+    second = launch("igu_resume", [spec("igu_off_on", *common, on), spec("igu_on_off", *common, off)], nprocs=2)
+    assert second["codes"]["igu_off_on"] == second["codes"]["igu_on_off"] == {0: 0, 1: 0}
+    step = {
+        n: {r["step"]: r for r in records(n) if "loss" in r} for n in ("igu_on", "igu_off", "igu_off_on", "igu_on_off")
+    }
+    assert sorted(step["igu_on"]) == sorted(step["igu_off"]) == list(range(1, 9))
+    for s in range(1, 9):  # exact float equality: losses and DeepSpeed's global gradient norm
+        a, b = step["igu_on"][s], step["igu_off"][s]
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (s, a, b)
+        assert a["grad_norm"] is not None and not a["skipped"]
+    for name in ("igu_off_on", "igu_on_off"):
+        assert events(name, "resumed")[-1]["tag"] == "global_step4"
+        for s in range(5, 9):
+            assert step[name][s]["loss"] == step["igu_on"][s]["loss"], (name, s)
+            assert step[name][s]["grad_norm"] == step["igu_on"][s]["grad_norm"], (name, s)

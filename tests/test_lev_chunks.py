@@ -1,7 +1,8 @@
 """LEV on a GPU, checked on the CPU (issue 19): the spline product's chunk is sized by a per-device memory
 budget that counts its real work buffers, a budget-sized chunk computes what small chunks compute, and the
 input path makes no host synchronisation per micro-batch but ``torch.unique``'s (LEV and the other unique-id
-layers; none for the tables), with out-of-range ids still caught, readably where they are host tensors."""
+layers; none for the tables, none with the unique ids made on the host), with out-of-range ids still caught,
+readably where they are host tensors."""
 
 import collections
 import json
@@ -157,17 +158,33 @@ def world():
         yield env
 
 
-@pytest.mark.parametrize("variant, expected", [("tied", {}), ("untied", {}), ("lev", {"_unique2": 1})])
-def test_training_micro_batch_syncs_the_host_only_for_unique(world, monkeypatch, variant, expected):
+@pytest.mark.parametrize(
+    "variant, host_unique, expected",
+    [
+        ("tied", False, {}),
+        ("untied", False, {}),
+        ("lev", False, {"_unique2": 1}),
+        ("lev", True, {}),
+        ("albert", True, {}),
+        ("tied", True, {}),
+    ],
+)
+def test_training_micro_batch_syncs_the_host_only_for_unique(world, monkeypatch, variant, host_unique, expected):
     """Forward + backward of a whole model as the trainer runs it (loss mask), with the input layers on their
     accelerator path (``reads_are_free`` False, as for a CUDA tensor): TIED/UNTIED never make the host wait,
-    LEV once (``torch.unique``). The old range check read ``int(lo), int(hi)`` back: 2 more, in every variant."""
+    LEV once (``torch.unique``), and not at all with its unique ids made on the host beforehand (the trainer's
+    ``data.unique_ids: host``: trainer/transfer.py, padded to the default bucket of 256; a table ignores them).
+    The old range check read ``int(lo), int(hi)`` back: 2 more, in every variant."""
+    from leviathan_pretrain.model.inputs import UniqueIds
+    from leviathan_pretrain.trainer.transfer import unique_ids
+
     monkeypatch.setattr(inputs, "reads_are_free", lambda t: False, raising=False)
     model = make(small(variant))
     x, y, pos = batch()
     mask = torch.ones(x.shape)
+    kw = {"unique": UniqueIds(*unique_ids(x, 256))} if host_unique else {}  # the data path's work, on the host
     with HostSyncs() as syncs:
-        model(x, pos, None, labels=y, loss_mask=mask).backward()
+        model(x, pos, None, labels=y, loss_mask=mask, **kw).backward()
     assert syncs.total > 100  # the mode saw the model's ops (forward and backward)
     assert dict(syncs.ops) == expected
 

@@ -10,12 +10,14 @@ import pytest
 from leviathan_pretrain.config import VARIANTS
 from tests.multiproc import run_ranks
 
-CASES = [*VARIANTS, "lev_center_match"]  # + LEV with model.lev.center and out_init_std=match (ours)
+# + LEV with model.lev.center and out_init_std=match (ours), and LEV by the Triton kernels (model.lev.kernel=triton)
+CASES = [*VARIANTS, "lev_center_match", "lev_triton"]
 
 
 @pytest.fixture(scope="module")
 def tp_results():
-    res = run_ranks(["tests/workers/model_tp.py", ",".join(CASES)], nprocs=2, timeout=300)
+    env = {"TRITON_INTERPRET": "1"}  # lev_triton's kernels run on the CPU under Triton's interpreter
+    res = run_ranks(["tests/workers/model_tp.py", ",".join(CASES)], nprocs=2, timeout=300, env=env)
     out = [
         json.loads(line[len("RESULT ") :]) for r in res for line in r.output.splitlines() if line.startswith("RESULT ")
     ]

@@ -155,7 +155,12 @@ def test_zero_stages_partition_what_they_should():
     assert z0["optimizer"] == 12 * P  # FP16_UnfusedOptimizer: fp32 master + Adam m + v, not partitioned
     assert z1["optimizer"] == z0["optimizer"] / dp == z2["optimizer"] == z3["optimizer"]
     assert z0["gradients"] == 2 * P  # ZeRO 0: bf16 accumulation (DeepSpeed has no fp32 path there)
-    assert z1["gradients"] == 6 * P  # BF16_Optimizer: every bf16 .grad + the whole fp32 accumulator
+    # BF16_Optimizer: the whole fp32 accumulator + (immediate_grad_update, the default) the bf16 .grad autograd is
+    # finishing, freed once added in (the largest tensor's); without it every bf16 .grad stays
+    assert 4 * P < z1["gradients"] < 5 * P  # 2 x the largest tensor (here the TIED table's slice, a third of P)
+    old = cfg_of(BIG, "parallel.tensor_parallel=2", "parallel.zero_stage=1", "parallel.immediate_grad_update=false")
+    old = make_plan(old, 16, 8).memory
+    assert old["gradients"] == 6 * P  # every bf16 .grad kept
     assert z2["gradients"] == 4 * P / dp == z3["gradients"]  # fp32 gradient partitions
     assert [plans[z].optimizer for z in range(4)] == [
         "FP16_UnfusedOptimizer",
@@ -231,6 +236,32 @@ def test_fused_loss_holds_one_chunk_of_logits():
     assert unfused.memory["logits"] == T * v * (4 + e)
     assert unfused.memory["logits"] / fused.memory["logits"] > 5
     assert fused.memory["total"] < unfused.memory["total"] - 10 * 2**30
+
+
+def test_liger_loss_holds_one_chunk_of_model_dtype_logits(monkeypatch):
+    """model.loss_impl=liger: the chunk from the same budget at 2 bytes a logit (no fp32 copy), the fp32 hidden
+    gradient and the fp32 head-gradient sum; auto counts it for a GPU plan at TP = 1 when liger-kernel is
+    installed, else the fused term (and always on a CPU plan or at TP > 1)."""
+    from leviathan_pretrain import plan as planner
+
+    def plan(*o, device="gpu", tp=1):
+        cfg = cfg_of("configs/200m-tied.yaml", f"parallel.tensor_parallel={tp}", *o)
+        return make_plan(cfg, 1, 8, device=device)
+
+    cfg = cfg_of("configs/200m-tied.yaml")  # micro 32 x 512 tokens, V 200,064, bf16
+    m, T, e = cfg.model, cfg.train.micro_batch_size * cfg.model.seq_length, 2
+    v = sizes.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, 1)
+    c = sizes.balanced_chunk(T, sizes.loss_chunk_tokens(v, "cuda", None, e))  # 16,384 tokens in 4 chunks of 4,096
+    assert c == 4096
+    liger, fused = plan("model.loss_impl=liger"), plan("model.loss_impl=fused")
+    assert liger.loss_impl == "liger" and "loss liger" in format_plan(liger)
+    assert liger.memory["logits"] == c * v * e + 4 * T * m.hidden_size + 4 * v * m.hidden_size
+    assert liger.memory["logits"] < fused.memory["logits"] - 2**30  # 2.15 GiB against 3.50
+    monkeypatch.setattr(planner, "liger_installed", lambda: True)
+    assert plan().loss_impl == "liger" and plan().memory["logits"] == liger.memory["logits"]
+    assert plan(device="cpu").loss_impl == plan(tp=2).loss_impl == "fused"
+    monkeypatch.setattr(planner, "liger_installed", lambda: False)
+    assert plan().loss_impl == "fused" and plan().memory["logits"] == fused.memory["logits"]
 
 
 def test_pipeline_stages_follow_deepspeed_partitioning():

@@ -58,15 +58,16 @@ def _gpu_check_dry(out: Path, env: dict, timeout: int = 300) -> subprocess.Compl
 
 @pytest.mark.multiproc
 def test_gpu_check_dry_run(tmp_path):
-    """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry): the synthetic shard, bf16 training
-    of TIED and LEV, bench_step.py's stack vs Hugging Face comparison and LEV probe, the summary files in OUT (its
-    own earlier output, marked, is replaced). A scale without configs fails its own sections, each recorded, and
-    loses none of the other scale's numbers."""
+    """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry, Triton's interpreter): the loss and
+    LEV kernel checks, the synthetic shard, bf16 training of TIED and LEV, bench_step.py's four contestants (ours at
+    the new and at the old defaults, Hugging Face, Hugging Face + Liger) and LEV probe, the summary files in OUT
+    (its own earlier output, marked, is replaced) with issue 44's ratios per scale. A scale without configs fails
+    its own sections, each recorded, and loses none of the other scale's numbers."""
     out = tmp_path / "gc"
     out.mkdir()
     (out / ".gpu_check-output").touch()
     (out / "old.log").write_text("an earlier check's")
-    proc = _gpu_check_dry(out, {"STEPS": "4", "SCALES": "tiny-cpu nosuch"}, timeout=400)
+    proc = _gpu_check_dry(out, {"STEPS": "4", "SCALES": "tiny-cpu nosuch", "PAIRS": "1"}, timeout=500)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: the nosuch scale's sections failed
     assert sorted(p.name for p in out.iterdir()) == [".gpu_check-output", "gpu_check.log", "summary.json", "summary.md"]
     summary = json.loads((out / "summary.json").read_text())
@@ -77,38 +78,54 @@ def test_gpu_check_dry_run(tmp_path):
         assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["peak_gib"] > 0 and r["plan_gib"] > 0, r
     assert "error" in runs["nosuch-tied"] and "error" in runs["nosuch-lev"]
     states = {name: state for name, state, _ in summary["sections"]}
-    assert [states[k] for k in ("install", "shard", "tiny-cpu-tied", "tiny-cpu-lev", "step-tiny-cpu")] == ["ok"] * 5
+    ok = ("install", "check-loss", "check-lev", "shard", "tiny-cpu-tied", "tiny-cpu-lev", "step-tiny-cpu")
+    assert [states[k] for k in ok] == ["ok"] * len(ok), states
     assert states["nosuch-tied"].startswith("failed") and states["step-nosuch"].startswith("failed"), states
-    assert states["variant"] == "skipped (dry)"
+    assert states["check-compile"] == "skipped (dry)"
+    assert set(summary["checks"]) == {"loss", "lev"} and not summary["checks"]["loss"]["failures"]
     (result,) = summary["results"]  # step-nosuch failed at its config: no JSON
     step, probe = result["step"], result["probe"]
     assert step["precision"] == "bf16" and step["tokens_per_s"]["ref"] > 0 and step["ratio_pairs"] > 0
+    assert step["contestants"] == ["ours", "old", "ref", "liger"] and set(step["ratio_pairs_vs"]) == {
+        "old",
+        "ref",
+        "liger",
+    }
+    assert "parallel.immediate_grad_update=false" in step["old_overrides"] and "Liger" in step["describe"]["liger"]
     assert step["ref_attention"] == "sdpa" and "phases_s" in step
     assert probe["config"] == "configs/tiny-cpu-lev.yaml" and "aten::" in probe["profile"]
+    sc = summary["scales"]["tiny-cpu"]
+    assert sc["ours_over_ref"] == step["ratio_pairs"] and sc["ours_over_liger"] == step["ratio_pairs_vs"]["liger"]
+    assert sc["lev_over_tied"] == runs["tiny-cpu-lev"]["step_s"] / runs["tiny-cpu-tied"]["step_s"]
+    assert sc["goals"]["mfu_tied"]["met"] is None  # no MFU on a CPU: not measured, never "met"
     assert "configs/nosuch-tied.yaml" in (out / "gpu_check.log").read_text()  # the failure's own words, not hidden
-    assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout
+    assert "LEV/TIED tokens/s (tiny-cpu):" in proc.stdout and "OURS/REF" in proc.stdout and "OURS/LIGER" in proc.stdout
+    assert "LEV kernel check:" in proc.stdout
 
 
 @pytest.mark.multiproc
 def test_gpu_check_runs_the_sections_asked_for_and_summarizes_only_runs_that_started(tmp_path):
     """A second GPU run takes what the first left out: SECTIONS picks sections (the rest recorded as skipped, no
-    training row for them), STEP_EXTRA reaches bench_step's "ours" (its loss chunk is recorded beside the ratio).
-    A training run skipped because the budget is spent is in the sections table only: the first H200 check
-    reported its skipped variant as 'failed: FileNotFoundError ... config.json'. An unknown section is refused."""
+    training row for them), STEP_EXTRA reaches bench_step's "ours" (its loss chunk is recorded beside the ratio),
+    OLD='' leaves out the old-defaults contestant. A training run skipped because the budget is spent is in the
+    sections table only: the first H200 check reported its skipped variant as 'failed: FileNotFoundError ...
+    config.json'. An unknown section is refused."""
     out = tmp_path / "sections"
-    proc = _gpu_check_dry(out, {"SECTIONS": "step variant", "STEP_EXTRA": "model.loss_chunk_tokens=48", "STEPS": "4"})
+    env = {"SECTIONS": "step", "STEP_EXTRA": "model.loss_chunk_tokens=48", "STEPS": "4", "PAIRS": "1", "OLD": ""}
+    proc = _gpu_check_dry(out, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     states = {name: state for name, state, _ in summary["sections"]}
-    assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == states["lev-input"] == "skipped (SECTIONS)"
-    assert states["step-tiny-cpu"] == "ok" and states["variant"] == "skipped (dry)" and summary["runs"] == []
+    assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == states["checks"] == "skipped (SECTIONS)"
+    assert states["step-tiny-cpu"] == "ok" and summary["runs"] == []
     (result,) = summary["results"]
     assert result["step"]["loss_chunk_tokens"] == 48 and result["step"]["ratio_pairs"] > 0
+    assert result["step"]["contestants"] == ["ours", "ref", "liger"]
     md = (out / "summary.md").read_text()
-    assert "None in this check." in md and "| 48 |" in md and "FileNotFoundError" not in md
+    assert "None in this check." in md and "(48 tokens a chunk)" in md and "FileNotFoundError" not in md
 
     out = tmp_path / "budget"  # 34 s less the 20 kept for the summary: under the 15 a section needs, from the start
-    proc = _gpu_check_dry(out, {"BUDGET": "34", "SECTIONS": "train variant"})
+    proc = _gpu_check_dry(out, {"BUDGET": "34", "SECTIONS": "train"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     states = {name: state for name, state, _ in summary["sections"]}

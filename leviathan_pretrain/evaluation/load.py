@@ -166,6 +166,8 @@ def check_tokenizer(
 def _eval_model_config(cfg: Config, tp_saved: int):
     m = copy.deepcopy(cfg.model)
     m.make_vocab_size_divisible_by *= tp_saved  # the saved shards' padded vocabulary, at TP = 1
+    if m.loss_impl == "liger":  # the training mean's kernel (CUDA): evaluation scores on model/loss.py's path
+        m.loss_impl = "fused"
     return m
 
 

@@ -104,12 +104,14 @@ def seed_piece(seed) -> None:
 class GPT(torch.nn.Module):
     """The model at PP = 1: ``pieces`` run in order.
 
-    ``forward(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=None, loss_mask=None)``
-    returns the mean loss over ``loss_mask`` (a scalar) with ``labels`` and ``loss_mask``, the per-token loss
-    ``[b, s]`` with ``labels`` alone, else the vocab-parallel logits ``[b, s, V_pad / tp]``. The model is
-    causal: ``attention_mask`` must be ``None`` (no padding masks). :meth:`head_input` gives the fused head's
-    operands (evaluation scores from them without the logits). With ``seed``, piece ``i`` is built after
-    ``seed_piece(seed + i)``, as the pipeline builds it."""
+    ``forward(input_ids [b, s], position_ids [b, s], attention_mask=None, labels=None, loss_mask=None,
+    unique=None)`` returns the mean loss over ``loss_mask`` (a scalar) with ``labels`` and ``loss_mask``, the
+    per-token loss ``[b, s]`` with ``labels`` alone, else the vocab-parallel logits ``[b, s, V_pad / tp]``. The
+    model is causal: ``attention_mask`` must be ``None`` (no padding masks). ``unique``: the micro-batch's
+    unique ids made beforehand (:class:`~.inputs.UniqueIds`, the trainer's ``data.unique_ids: host``), for the
+    unique-id input layers (no ``torch.unique`` in the forward); ``None``: the layer makes them.
+    :meth:`head_input` gives the fused head's operands (evaluation scores from them without the logits). With
+    ``seed``, piece ``i`` is built after ``seed_piece(seed + i)``, as the pipeline builds it."""
 
     def __init__(self, pieces: list[Piece], config=None, seed: int | None = None):
         super().__init__()
@@ -134,16 +136,16 @@ class GPT(torch.nn.Module):
         """The variant's input layer (``LEVInput``, ``TableInput``, ...)."""
         return self._funcs[0].embedding
 
-    def _hidden(self, input_ids, position_ids):
-        x = (input_ids, position_ids)
+    def _hidden(self, input_ids, position_ids, unique=None):
+        x = (input_ids, position_ids) if unique is None else (input_ids, position_ids, unique)
         for f in self._funcs[:-1]:
             x = f(x)
         return x
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None, loss_mask=None):
+    def forward(self, input_ids, position_ids=None, attention_mask=None, labels=None, loss_mask=None, unique=None):
         if attention_mask is not None:
             raise ValueError("attention_mask: the model is causal and takes no padding mask; pass None")
-        hidden = self._hidden(input_ids, position_ids)
+        hidden = self._hidden(input_ids, position_ids, unique)
         if labels is None:
             return logits_of(self._funcs[-1](hidden)).transpose(0, 1).contiguous()
         return self._funcs[-1](LossRequest(hidden, labels, loss_mask))
@@ -153,9 +155,8 @@ class GPT(torch.nn.Module):
         for either ``model.loss_impl``."""
         owner = self._head_owner
         group = owner.tp_group
-        return HeadInput(
-            copy_to_tp(self._hidden(input_ids, position_ids), group), self.head_weight, group, owner.head_options.chunk
-        )
+        hidden = copy_to_tp(self._hidden(input_ids, position_ids), group)
+        return HeadInput(hidden, self.head_weight, group, owner.head_options.fused_chunk)  # the fp32-sized chunk
 
     @property
     def _head_owner(self) -> torch.nn.Module:

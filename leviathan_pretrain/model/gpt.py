@@ -188,6 +188,8 @@ def build_input_layer(model, build: BuildSettings, tconfig: TransformerConfig) -
 # ---- the pieces -------------------------------------------------------------------------------------------
 class InputPiece(torch.nn.Module):
     """``(tokens [b, s], position_ids [b, s]) -> hidden [s, b, D]`` through ``embedding`` (the input layer).
+    A third element, the micro-batch's :class:`~.inputs.UniqueIds` (the PP = 1 model's ``unique``), is handed to
+    the input layer (the unique-id layers use it, the tables ignore it).
     For TIED it also serves as the output head (:func:`tied_head`), its table being :attr:`table`."""
 
     def __init__(self, model, build: BuildSettings, tconfig: TransformerConfig):
@@ -198,9 +200,10 @@ class InputPiece(torch.nn.Module):
             self.head_options = HeadOptions.of(model, build, padded_vocab_size(model, build) // build.tensor_parallel)
 
     def forward(self, inputs):
-        tokens, position_ids = inputs
+        tokens, position_ids, *unique = inputs
+        kw = {"unique": unique[0]} if unique and unique[0] is not None else {}
         # contiguous: stage outputs are sent to the next pipeline stage as they are (torch p2p needs it)
-        return self.embedding(input_ids=tokens, position_ids=position_ids).contiguous()
+        return self.embedding(input_ids=tokens, position_ids=position_ids, **kw).contiguous()
 
     @property
     def table(self) -> torch.nn.Parameter:

@@ -1,8 +1,13 @@
-"""The output head and its loss, for both ``model.loss_impl`` choices.
+"""The output head and its loss, for every ``model.loss_impl``.
 
-- ``fused`` (default): the head returns :class:`HeadInput` (the hidden states through ``copy_to_tp`` and the
+- ``fused``: the head returns :class:`HeadInput` (the hidden states through ``copy_to_tp`` and the
   ``[V_pad / tp, D]`` weight) and the loss is :mod:`.loss`'s chunked linear + cross entropy: the
   ``[tokens, V]`` logits never exist. ``HeadInput.logits()`` makes them where logits are asked for.
+- ``liger`` (CUDA, TP = 1): as ``fused``, but the training mean runs through Liger-Kernel's Triton kernel
+  (:mod:`.loss_liger`; per-token losses stay on :mod:`.loss`). If the kernel fails at its first launch under
+  ``auto``, the mean falls back to ``fused`` with one warning; under an explicit ``liger`` it raises.
+- ``auto`` (the default) is resolved at build (:meth:`HeadOptions.of`, where the device is known): ``liger`` on
+  CUDA at TP = 1 when liger-kernel imports, else ``fused``. The resolved name is ``HeadOptions.impl``.
 - ``megatron``: the head returns the vocab-parallel logits ``[s, b, V_pad / tp]`` and the loss is megatron-core's
   ``vocab_parallel_cross_entropy`` (the path before; kept as an option and as the reference in tests).
 
@@ -19,8 +24,9 @@ from dataclasses import dataclass
 import torch
 from megatron.core import tensor_parallel
 
+from data_prep.dtypes import nbytes
 from leviathan_pretrain.model import loss as fused
-from leviathan_pretrain.model import sizes
+from leviathan_pretrain.model import loss_liger, sizes
 from leviathan_pretrain.model.tp import copy_to_tp
 
 
@@ -31,7 +37,8 @@ class HeadInput:
     hidden: torch.Tensor
     weight: torch.Tensor
     group: object
-    chunk: int
+    chunk: int  # tokens per chunk of model/loss.py's paths
+    opts: "HeadOptions | None" = None  # the head's options (None: model/loss.py for everything)
 
     def logits(self) -> torch.Tensor:
         """``[s, b, V_pad / tp]`` in the model dtype (what the unfused head returns)."""
@@ -50,15 +57,32 @@ class LossRequest:
 
 @dataclass(frozen=True)
 class HeadOptions:
-    """What the head needs of the model config besides its weight: the loss implementation and chunk size."""
+    """What the head needs of the model config besides its weight: the loss implementation (resolved: ``fused``,
+    ``liger`` or ``megatron``), the training loss's chunk in tokens, the fused path's chunk for per-token losses
+    (the same under ``fused``; under ``liger`` it holds fp32 logits too) and what ``model.loss_impl`` asked for."""
 
     impl: str
-    chunk: int
+    chunk: int  # tokens per chunk of the training mean
+    token_chunk: int | None = None  # tokens per chunk of model/loss.py's per-token loss; None: ``chunk``
+    requested: str | None = None  # None: ``impl``
 
     @classmethod
     def of(cls, model, build, vocab_local: int) -> "HeadOptions":
-        chunk = sizes.loss_chunk_tokens(vocab_local, build.torch_device.type, model.loss_chunk_tokens)
-        return cls(model.loss_impl, chunk)
+        """Resolves ``model.loss_impl`` for ``build`` (:func:`.loss_liger.resolve`; raises ``ModelConfigError``
+        for a ``liger`` that cannot run there). The liger chunk holds only model-dtype logits: the same byte
+        budget at the model dtype's size (sizes.loss_chunk_tokens)."""
+        device = build.torch_device.type
+        impl = loss_liger.resolve(model.loss_impl, build)
+        fp32 = sizes.loss_chunk_tokens(vocab_local, device, model.loss_chunk_tokens)
+        chunk = fp32
+        if impl == "liger":
+            chunk = sizes.loss_chunk_tokens(vocab_local, device, model.loss_chunk_tokens, nbytes(build.precision))
+        return cls(impl, chunk, fp32, model.loss_impl)
+
+    @property
+    def fused_chunk(self) -> int:
+        """The chunk of model/loss.py's paths (per-token losses; the mean under ``fused`` and its fallback)."""
+        return self.chunk if self.token_chunk is None else self.token_chunk
 
 
 def head_forward(x, weight: torch.Tensor, group, opts: HeadOptions, unfused=None):
@@ -67,8 +91,8 @@ def head_forward(x, weight: torch.Tensor, group, opts: HeadOptions, unfused=None
     if isinstance(x, LossRequest):
         out = head_forward(x.hidden, weight, group, opts, unfused)
         return token_loss(out, x.labels) if x.mask is None else mean_loss(out, x.labels, x.mask)
-    if opts.impl == "fused":
-        return HeadInput(copy_to_tp(x, group), weight, group, opts.chunk)
+    if opts.impl in ("fused", "liger"):
+        return HeadInput(copy_to_tp(x, group), weight, group, opts.fused_chunk, opts)
     if unfused is not None:
         return unfused(x)
     return torch.matmul(copy_to_tp(x, group), weight.t())
@@ -99,7 +123,19 @@ def mean_loss(out, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if isinstance(out, HeadInput):
         h, y = _flat(out, labels)
         m = mask.t().reshape(-1).float()
-        return fused.mean_loss(h, out.weight, y, m / m.sum().clamp(min=1.0), out.group, out.chunk)
+        w = m / m.sum().clamp(min=1.0)
+        opts = out.opts
+        if opts is not None and opts.impl == "liger" and loss_liger.failed() is None:
+            try:
+                return loss_liger.mean_loss(h, out.weight, y, w, opts.chunk)
+            except loss_liger.LaunchError as e:
+                if opts.requested == "liger":
+                    raise RuntimeError(
+                        f"model.loss_impl=liger: Liger-Kernel's cross entropy failed at its first launch ({e}); "
+                        "set model.loss_impl=fused"
+                    ) from e
+                loss_liger.give_up(e)
+        return fused.mean_loss(h, out.weight, y, w, out.group, out.chunk)
     return masked_mean(token_loss(out, labels), mask)
 
 

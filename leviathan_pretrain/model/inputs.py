@@ -14,12 +14,15 @@
 Token ids outside ``[0, vocab_size)`` raise :class:`TokenIdError` (never a silent wrap-around or the
 zero row a vocab-parallel table would give); on an accelerator the layers check without a host
 synchronisation (:func:`check_token_ids`). Host synchronisations per micro-batch: none for the tables, one for
-the unique-id layers (``torch.unique``'s output size; docs/model.md, "LEV on a GPU").
+the unique-id layers (``torch.unique``'s output size; docs/model.md, "LEV on a GPU"), none when the caller
+passes the unique ids made on the host (:class:`UniqueIds`, ``forward(..., unique=...)``; the trainer's data
+path does, ``data.unique_ids``, trainer/transfer.py).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +47,17 @@ from leviathan_pretrain.model.tp import (
 
 class TokenIdError(ValueError):
     """A token id is outside ``[0, model.vocab_size)``."""
+
+
+class UniqueIds(NamedTuple):
+    """A micro-batch's unique token ids, made before the forward (on the host, by the data path):
+    ``torch.unique(input_ids, return_inverse=True)`` with ``ids`` padded at the end to a bucket by repeating its
+    last id (rows computed, never indexed: zero gradient). ``ids [n_pad]`` and ``inverse`` (``input_ids``' shape,
+    indices into ``ids``) are on the model's device; ``count`` (a host int) is the true number of unique ids."""
+
+    ids: torch.Tensor
+    inverse: torch.Tensor
+    count: int
 
 
 def reads_are_free(t: torch.Tensor) -> bool:
@@ -104,7 +118,8 @@ class TableInput(LanguageModelEmbedding):
         """The registry's constructor (model/variants.py): every input layer is built from the same four."""
         return cls(config, model_cfg.vocab_size, padded_vocab_size, model_cfg.seq_length, tp_group)
 
-    def forward(self, input_ids, position_ids=None, tokentype_ids=None):
+    def forward(self, input_ids, position_ids=None, tokentype_ids=None, unique: UniqueIds | None = None):
+        """``unique`` (the unique-id layers' input) is ignored: a table looks every token up."""
         check_token_ids(input_ids, self.token_vocab_size)
         return super().forward(input_ids, position_ids, tokentype_ids)
 
@@ -137,18 +152,37 @@ class UniqueIdInput(MegatronModule):
         raise NotImplementedError
 
     # -- training / evaluation path --------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, unique: UniqueIds | None = None
+    ) -> torch.Tensor:
+        """``[b, s]`` ids -> ``[s, b, D]``. ``unique``: the micro-batch's unique ids made beforehand (no host
+        synchronisation here); without it they are made here with ``torch.unique``."""
         check_token_ids(input_ids, self.vocab_size)
         if self.lookup_table is not None:
             x = F.embedding(input_ids.t(), self.lookup_table)
             return self._finish(x, partial=False, indexed=True)
-        # The one host synchronisation of the step's input path on an accelerator: the number of unique ids
-        # (data-dependent) sizes the rows and the chunk loop. Sync-free alternatives compute rows for a fixed
-        # bound (every token: T / unique ~ 3-6x LEV's work); see docs/model.md, "LEV on a GPU".
-        uniq, inverse = torch.unique(input_ids, return_inverse=True)
-        self.last_unique_ratio = uniq.numel() / max(1, input_ids.numel())
+        if unique is None:
+            # The one host synchronisation of the step's input path on an accelerator: the number of unique ids
+            # (data-dependent) sizes the rows and the chunk loop. The trainer avoids it by making them on the
+            # host (data.unique_ids); docs/performance.md, "LEV on a GPU".
+            uniq, inverse = torch.unique(input_ids, return_inverse=True)
+            count = uniq.numel()
+        else:
+            uniq, inverse, count = unique
+            if tuple(inverse.shape) != tuple(input_ids.shape) or not 0 < count <= uniq.numel():
+                raise ValueError(
+                    f"unique: inverse {tuple(inverse.shape)} for input_ids {tuple(input_ids.shape)}, count {count} "
+                    f"of {uniq.numel()} ids; make it with trainer.transfer.unique_ids(input_ids)"
+                )
+        self.last_unique_ratio = count / max(1, input_ids.numel())
         rows = self.compute_rows(uniq, record=True)
+        if count < uniq.numel():
+            self.trim_record(count)
         return self._finish(rows, partial=self.partial_over_tp, indexed=False, inverse=inverse)
+
+    def trim_record(self, count: int) -> None:
+        """After ``compute_rows(record=True)`` over padded ids: a layer that keeps a record of its last rows (LEV's
+        health figures) keeps the ``count`` true ids' only. None here."""
 
     def _finish(self, x, partial: bool, indexed: bool, inverse=None):
         sp = self.config.sequence_parallel

@@ -17,12 +17,16 @@ dim 0 and carry megatron-core's TP attributes) and the partial ``G`` is summed b
 sequence with sequence parallelism).
 
 The spline math runs in fp32 whatever the parameter dtype (a product over 128 coordinates in bf16 is
-meaningless); the output is cast to the model's dtype.
+meaningless), by ``model.lev.kernel`` (:meth:`LEVInput.kernel_for`: the chunked torch path of model/spline.py or
+the Triton kernels of model/spline_triton.py); the output GEMM ``M @ W_out`` runs in fp32 or in the model's dtype
+(``model.lev.gemm_dtype``, :meth:`LEVInput.gemm_dtype_for`), and the rows are cast to the model's dtype.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +40,42 @@ from leviathan_pretrain.model.tp import all_gather_dim0, const_init, copy_to_tp,
 HEALTH_SAMPLE = 256  # unique ids kept from the last forward for lev_health()
 MATCH_SAMPLE, MATCH_SEED = 1024, 1234  # the ids model.lev.out_init_std=match measures G's RMS on
 EDGE = 0.01  # a spline coordinate u within EDGE of 0 or 1 counts as saturated
+PROBE_IDS = 2  # ids of the first micro-batch the Triton kernels are tried on under model.lev.kernel=auto
+_TRITON: dict = {}  # "module" / "error": the import of model/spline_triton.py, tried once per process
+_FALLBACK: dict = {}  # device type -> None (auto's Triton probe passed there) or the exception it raised
+
+
+def triton_kernels():
+    """``(module, None)``: model/spline_triton.py imported (its kernels are defined then, under the
+    ``TRITON_INTERPRET`` of that moment); ``(None, error)`` when it does not import (no triton). Tried once."""
+    if not _TRITON:
+        try:
+            from leviathan_pretrain.model import spline_triton
+
+            _TRITON["module"], _TRITON["error"] = spline_triton, None
+        except Exception as e:  # ImportError, or a triton that fails while importing
+            _TRITON["module"], _TRITON["error"] = None, e
+    return _TRITON["module"], _TRITON["error"]
+
+
+def check_kernel(lev, cpu_build: bool) -> None:
+    """Refuse ``model.lev.kernel=triton`` at model build (``ModelConfigError`` naming the key and the fix) when
+    triton does not import, or when the layer would run on the CPU (``cpu_build``) without Triton's interpreter."""
+    if lev.kernel != "triton":
+        return
+    mod, err = triton_kernels()
+    if mod is None:
+        raise ModelConfigError(
+            f"model.lev.kernel=triton: triton does not import ({type(err).__name__}: {err}); install triton or set "
+            "model.lev.kernel=torch (or auto)"
+        )
+    if cpu_build and not mod.interpreted():
+        interp = os.environ.get("TRITON_INTERPRET")
+        raise ModelConfigError(
+            f"model.lev.kernel=triton on the CPU needs Triton's interpreter (TRITON_INTERPRET={interp!r} when "
+            "model/spline_triton.py was imported): run on a GPU, set TRITON_INTERPRET=1 before leviathan_pretrain "
+            "is imported, or set model.lev.kernel=torch (or auto)"
+        )
 
 
 class LEVInput(UniqueIdInput):
@@ -76,6 +116,8 @@ class LEVInput(UniqueIdInput):
         for p in (self.ln_weight, self.ln_bias, self.spline_delta):
             p.no_weight_decay = True  # LN affine and the spline values (not regularised by the spec)
         self._health = None
+        if lev.kernel == "triton":  # a CPU build: initialised on the CPU with no GPU to move to
+            check_kernel(lev, cpu_build=config.use_cpu_initialization and not torch.cuda.is_available())
         if lev.out_init_std == "match":
             self.match_init_rms(config.init_method_std)
 
@@ -85,6 +127,52 @@ class LEVInput(UniqueIdInput):
         where the work runs (a model built on the CPU and moved to a GPU, as evaluation does, gets the GPU's)."""
         kind = device.type if isinstance(device, torch.device) else str(device)
         return sizes.lev_chunk_ids(self.lev, self.heads_local, kind)
+
+    def kernel_for(self, device) -> str:
+        """``torch`` or ``triton``: the spline product's implementation on ``device`` (``model.lev.kernel``;
+        ``auto`` is triton on CUDA when it imports and has not failed there, torch elsewhere)."""
+        kind = device.type if isinstance(device, torch.device) else str(device)
+        if self.lev.kernel != "auto":
+            return self.lev.kernel
+        failed = _FALLBACK.get(kind) is not None
+        usable = kind == "cuda" and not failed and triton_kernels()[0] is not None
+        return "triton" if usable else "torch"
+
+    def gemm_dtype_for(self, device) -> torch.dtype:
+        """The dtype of the output GEMM ``M @ W_out`` on ``device`` (``model.lev.gemm_dtype``; ``auto``: the
+        model's dtype on CUDA, fp32 elsewhere). The model's dtype is ``params_dtype`` (bf16 in a bf16 run)."""
+        kind = device.type if isinstance(device, torch.device) else str(device)
+        want = self.lev.gemm_dtype
+        if want == "auto":
+            want = "model" if kind == "cuda" else "fp32"
+        return self.config.params_dtype if want == "model" else torch.float32
+
+    def spline(self, u: torch.Tensor, S: torch.Tensor, recompute: bool) -> torch.Tensor:
+        """``M [n, h/tp, r]`` by the implementation :meth:`kernel_for` picks (``recompute=False``: plain chunked
+        autograd, torch). Under ``auto`` the Triton kernels are first tried (forward + backward) on
+        :data:`PROBE_IDS` ids: if that raises (e.g. a compile failure on this GPU), one warning names the error
+        and the device falls back to the torch path for the rest of the process. Explicit ``triton`` raises."""
+        eps = self.lev.log_eps
+        if recompute and u.shape[0] and self.kernel_for(u.device) == "triton":
+            mod = triton_kernels()[0]
+            kind = u.device.type
+            if self.lev.kernel == "auto" and kind not in _FALLBACK:
+                try:
+                    with torch.enable_grad():
+                        a, b = u[:PROBE_IDS].detach().requires_grad_(), S.detach().requires_grad_()
+                        mod.spline_product_triton(a, b, eps).sum().backward()
+                    _FALLBACK[kind] = None  # worked: not tried again
+                except Exception as e:
+                    _FALLBACK[kind] = e
+                    warnings.warn(
+                        f"LEV's Triton spline kernel failed on {kind} ({type(e).__name__}: {e}); falling back to "
+                        "the torch path (set model.lev.kernel=torch to silence this, or fix triton)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            if _FALLBACK.get(kind) is None or self.lev.kernel == "triton":
+                return mod.spline_product_triton(u, S, eps)
+        return spline_product(u, S, eps, self.chunk_for(u.device), recompute)
 
     # -- the function -----------------------------------------------------------------------------
     def spline_inputs(self, ids: torch.Tensor) -> torch.Tensor:
@@ -103,20 +191,35 @@ class LEVInput(UniqueIdInput):
         u = self.spline_inputs(ids)
         S = 1.0 + self.spline_delta.float()
         recompute = self.lev.recompute if recompute is None else recompute
-        M = spline_product(u, S, self.lev.log_eps, self.chunk_for(u.device), recompute)
+        M = self.spline(u, S, recompute)
         if self.lev.center:
             M = M - 1.0  # each M_l's common value 1 removed
         if record:
             with torch.no_grad():
-                edge = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=(0, 2))
-                self._health = {"m": M[:HEALTH_SAMPLE].detach().clone(), "edge": edge, "n": ids.numel()}
+                edge_rows = ((u < EDGE) | (u > 1 - EDGE)).float().mean(dim=2)  # [n, h/tp]
+                self._health = {
+                    "m": M[:HEALTH_SAMPLE].detach().clone(),
+                    "edge": edge_rows.mean(dim=0),
+                    "edge_rows": edge_rows,
+                    "n": ids.numel(),
+                }
         return M
 
+    def trim_record(self, count: int) -> None:
+        """The last ``record`` was over padded ids (the host's unique ids, ``UniqueIds``): keep the ``count`` true
+        ones in :func:`lev_health`'s figures (ids, the row sample, the spline inputs' saturation)."""
+        hs = self._health
+        if hs is not None and count < hs["n"]:
+            hs["n"], hs["m"] = count, hs["m"][:count]
+            hs["edge"] = hs["edge_rows"][:count].mean(dim=0)
+
     def compute_rows(self, ids: torch.Tensor, record: bool = False) -> torch.Tensor:
-        """This rank's partial ``G(ids)``: ``[n, D]`` in fp32 (summed over TP by the caller)."""
+        """This rank's partial ``G(ids)``: ``[n, D]`` (summed over TP by the caller), in the dtype of the output
+        GEMM (:meth:`gemm_dtype_for`: fp32, or the model's dtype with the GEMM's fp32 accumulation)."""
         M = self.head_values(ids, record)
-        out = self.out_proj.float()
-        return M.reshape(M.shape[0], -1) @ out.reshape(-1, out.shape[-1])
+        dtype = self.gemm_dtype_for(M.device)
+        out = self.out_proj.to(dtype)
+        return M.reshape(M.shape[0], -1).to(dtype) @ out.reshape(-1, out.shape[-1])
 
     @torch.no_grad()
     def match_init_rms(self, target: float) -> None:

@@ -1,11 +1,12 @@
 """The output head's cross entropy without the ``[tokens, V]`` logits: a chunked, fused linear + loss.
 
-``model.loss_impl: fused`` (the default). The head's logits are computed ``chunk`` tokens at a time in the
-model's dtype (``hidden @ weight^T``, the head's own GEMM), cast to fp32 for the log-sum-exp (what megatron's
-``vocab_parallel_cross_entropy`` does to the whole ``[tokens, V_pad / tp]`` tensor) and dropped; only
-per-token fp32 statistics outlive a chunk. Tensor parallel over the vocabulary as megatron's: each rank holds
-``V_pad / tp`` rows of the weight, and the per-token log-sum-exp and target logit are combined over the TP
-group (one all-gather of ``[2, chunk]`` per chunk; megatron all-reduces the max, the target logit and the sum
+``model.loss_impl: fused`` (what ``auto`` resolves to on the CPU and at TP > 1; ``liger``, model/loss_liger.py,
+runs the training mean's chunks through a Triton kernel and leaves the rest here). The head's logits are computed
+``chunk`` tokens at a time in the model's dtype (``hidden @ weight^T``, the head's own GEMM), cast to fp32 for the
+log-sum-exp (what megatron's ``vocab_parallel_cross_entropy`` does to the whole ``[tokens, V_pad / tp]`` tensor)
+and dropped; only per-token fp32 statistics outlive a chunk. Tensor parallel over the vocabulary as megatron's:
+each rank holds ``V_pad / tp`` rows of the weight, and the per-token log-sum-exp and target logit are combined over
+the TP group (one all-gather of ``[2, chunk]`` per chunk; megatron all-reduces the max, the target logit and the sum
 of exponentials). The padded vocabulary rows take part, as in megatron's loss.
 
 Three entry points, all on ``hidden [T, D]`` (already through ``copy_to_tp``: its backward all-reduces the
@@ -93,6 +94,7 @@ class _MeanLoss(torch.autograd.Function):
             if want_h or want_w:
                 p = e.mul_(torch.exp(m - lse)[:, None])  # the softmax over the whole vocabulary
                 _grads(_dlogits(p, inside, idx, w[lo:hi]).to(weight.dtype), h, weight, gh, gw, lo, hi)
+            e = p = None  # this chunk's fp32 logits go before the next chunk's are made (one chunk at the peak)
         ctx.grads = (gh, gw, weight.dtype)
         return total
 
@@ -128,6 +130,7 @@ class _TokenLoss(torch.autograd.Function):
             p = (h @ weight.t()).float().sub_(lse[lo:hi, None]).exp_()
             inside, idx = _targets(labels[lo:hi], ctx.start, p.shape[1])
             _grads(_dlogits(p, inside, idx, g[lo:hi]).to(weight.dtype), h, weight, gh, gw, lo, hi)
+            p = None  # before the next chunk's logits (one chunk at the peak)
         return gh, None if gw is None else gw.to(weight.dtype), None, None, None, None
 
 

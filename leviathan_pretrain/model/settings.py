@@ -42,6 +42,26 @@ def resolved_attention(backend: str) -> str:
     return "sdpa" if backend == "auto" else backend
 
 
+LIGER_INSTALL = "pip install liger-kernel==0.8.5 (triton comes with a CUDA torch)"
+
+
+def liger_installed() -> bool:
+    """Whether ``liger_kernel`` and ``triton`` are installed, found without importing them (the planner's
+    question; a model build imports the kernel: model/loss_liger.py)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("triton", "liger_kernel"))
+
+
+def resolved_loss_impl(impl: str, device: str, tensor_parallel: int, liger_ok: bool) -> str:
+    """``model.loss_impl`` resolved for ``device`` (``cuda``/``gpu``/``cpu``): ``auto`` is ``liger`` on a GPU at
+    TP = 1 when the kernel is there (``liger_ok``), else ``fused``; the others are themselves. The model
+    (model/head.py, where the device is known) and the planner both ask here."""
+    if impl != "auto":
+        return impl
+    return "liger" if device in ("cuda", "gpu") and tensor_parallel == 1 and liger_ok else "fused"
+
+
 def group_size(group) -> int:
     """Ranks in ``group`` (1 for ``None``: TP = 1, or no torch.distributed)."""
     return 1 if group is None else group.size()

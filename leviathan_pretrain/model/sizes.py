@@ -97,17 +97,21 @@ def body_params(model) -> int:
 # CUDA: 2 GiB. Each chunk also reads and writes the head weight's [V, D] fp32 gradient sum, so few chunks pay:
 # on an H200 (400M TIED, V = 200,064, 8,192 tokens a micro-batch, gpu_check 2026-12-04) our step over a plain
 # Hugging Face Llama's was 1.271 with 670-token chunks (the old 512 MiB), 1.112 with 2,048, 1.071 with 8,192.
+# ``model.loss_impl: liger`` (model/loss_liger.py) holds only the model-dtype logits of a chunk (no fp32 copy): the
+# same budget at the model dtype's bytes per logit (V = 200,064, bf16: 5,366 tokens, an 8,192-token micro-batch
+# in two chunks of 4,096).
 LOSS_CHUNK_BYTES = {"cuda": 2 * 2**30, "cpu": 128 * 2**20}
 LOSS_CHUNK_MIN = 64
 
 
-def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None) -> int:
+def loss_chunk_tokens(vocab_local: int, device: str, override: int | None = None, bytes_per_logit: int = 4) -> int:
     """Tokens per chunk of the fused loss for a ``vocab_local``-wide head slice on ``device`` (``cuda``/``cpu``,
-    ``gpu`` is ``cuda``): ``override``, else as many as fit :data:`LOSS_CHUNK_BYTES` (at least 64)."""
+    ``gpu`` is ``cuda``): ``override``, else as many as fit :data:`LOSS_CHUNK_BYTES` at ``bytes_per_logit`` (4:
+    the fused loss's fp32 logits; the liger loss: the model dtype's) (at least 64)."""
     if override is not None:
         return int(override)
     budget = LOSS_CHUNK_BYTES["cpu" if device == "cpu" else "cuda"]
-    return max(LOSS_CHUNK_MIN, budget // (4 * max(1, vocab_local)))
+    return max(LOSS_CHUNK_MIN, budget // (bytes_per_logit * max(1, vocab_local)))
 
 
 def loss_spans(tokens: int, chunk: int) -> list[tuple[int, int]]:

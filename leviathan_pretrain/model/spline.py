@@ -20,7 +20,9 @@ Efficiency (the ``[n, h, d, r]`` intermediate is the memory hot spot):
   each) and a few element-wise temporaries per (head, coordinate), whatever n is: the chunk is sized from a
   per-device byte budget by :func:`~.sizes.lev_chunk_ids` (``sizes.lev_chunk_bytes_per_id`` counts these).
 
-:func:`spline_product` picks the recomputing function or plain chunked autograd (``recompute=False``).
+:func:`spline_product` picks the recomputing function or plain chunked autograd (``recompute=False``). The same
+math as two Triton kernels (no chunks, nothing of size ``[n, h, d, r]``): :mod:`~.spline_triton`
+(``model.lev.kernel``, chosen in :meth:`~.lev.LEVInput.spline`).
 """
 
 from __future__ import annotations

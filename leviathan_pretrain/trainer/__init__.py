@@ -2,6 +2,8 @@
 
 - :mod:`.data`        shard checks, megatron-core ``GPTDataset`` blends, deterministic micro-batches
 - :mod:`.data_cache`  the data index cache's location, index files and stamp
+- :mod:`.transfer`    a micro-batch to the device: one packed (pinned on CUDA) buffer, one copy, host unique ids
+- :mod:`.prefetch`    the next global batch built on a background thread while the step runs
 - :mod:`.schedule`    learning-rate schedule and AdamW parameter groups
 - :mod:`.engine`      the DeepSpeed engine (megatron-core model, or a DeepSpeed ``PipelineModule`` for PP > 1)
 - :mod:`.pipe`        the pipeline-stage layers

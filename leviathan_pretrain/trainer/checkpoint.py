@@ -213,6 +213,8 @@ RESUME_FREE = {
     "lev.chunk_mib",
     "lev.chunk_elements",
     "lev.recompute",
+    "lev.kernel",
+    "lev.gemm_dtype",
 }
 
 

@@ -17,6 +17,12 @@
   data-parallel rank ``r`` is its slice ``k * micro * dp + r * micro``. Every rank that needs data (all
   tensor-parallel ranks of the first and last pipeline stages) reads the same samples from the same memory
   map, so no broadcast is needed and a resumed run sees exactly the samples an uninterrupted run would.
+  Given ``prepare`` (the PP = 1 engine's :meth:`~.engine.ModelEngine.prepare`, :mod:`.transfer`), each
+  micro-batch is handed over prepared for the device: packed into one (pinned, on CUDA) host buffer, with its
+  unique ids made here on the host.
+- :mod:`.prefetch`'s ``Prefetcher`` builds the next global batch one ahead on one background thread while the
+  current step runs (``data.prefetch``): the same batches, by position, raised errors and all, at the step that
+  uses them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -398,11 +405,19 @@ class Batches:
     """This rank's micro-batches of a global batch, by sample position (see the module docstring)."""
 
     def __init__(
-        self, dataset, micro_batch: int, dp_size: int, dp_rank: int, global_batch: int, vocab_size: int | None = None
+        self,
+        dataset,
+        micro_batch: int,
+        dp_size: int,
+        dp_rank: int,
+        global_batch: int,
+        vocab_size: int | None = None,
+        prepare: Callable[[dict], dict] | None = None,
     ):
         self.ds, self.m, self.dp, self.r, self.g = dataset, micro_batch, dp_size, dp_rank, global_batch
         self.gas = accumulation_steps(global_batch, micro_batch, dp_size)
         self.vocab_size = vocab_size  # given: every micro-batch's ids are checked here, on the host
+        self.prepare = prepare  # given: each micro-batch prepared for the device (trainer/transfer.py)
 
     def micro_batch(self, start: int) -> dict[str, torch.Tensor]:
         samples = [self.ds[i] for i in range(start, start + self.m)]
@@ -415,7 +430,7 @@ class Batches:
 
             check_token_ids(mb["tokens"], self.vocab_size)
             check_token_ids(mb["labels"], self.vocab_size)
-        return mb
+        return mb if self.prepare is None else self.prepare(mb)
 
     def global_batch(self, consumed: int) -> list[dict[str, torch.Tensor]]:
         """The ``gas`` micro-batches of this rank for the global batch starting at sample ``consumed``."""

@@ -6,7 +6,9 @@ Both build the model from its one assembly (``leviathan_pretrain.model.model_pie
 
 - PP = 1: the pieces run in order (``leviathan_pretrain.model.build_model``) under
   ``deepspeed.initialize(mpu=DeepSpeedMPU())``, ZeRO stage 0-3; gradient accumulation is DeepSpeed's (the
-  loop calls ``backward``/``step`` once per micro-batch, DeepSpeed updates at the boundary).
+  loop calls ``backward``/``step`` once per micro-batch, DeepSpeed updates at the boundary). Micro-batches
+  reach the device through :mod:`.transfer` (one packed copy, unique ids made on the host):
+  :meth:`ModelEngine.prepare` is what the data loader calls ahead; plain dicts are prepared on the fly.
 - PP > 1 (or ``parallel.pipeline_engine``): the same pieces as a DeepSpeed ``PipelineModule`` (:mod:`.pipe`)
   and its ``PipelineEngine`` (``train_batch`` runs the whole 1F1B schedule for one global batch), ZeRO <= 1.
 
@@ -29,6 +31,7 @@ from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
 from leviathan_pretrain.trainer.pipe import build_pipeline
 from leviathan_pretrain.trainer.safe_io import install_safe_engine
 from leviathan_pretrain.trainer.schedule import lr_at, param_groups
+from leviathan_pretrain.trainer.transfer import MicroBatch, Transfer
 
 
 def zero_config(cfg: Config, cuda: bool) -> dict:
@@ -61,7 +64,9 @@ def deepspeed_config(cfg: Config, dp: int, own_clipping: bool, cuda: bool = Fals
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
-        "bf16": {"enabled": p.precision == "bf16"},
+        # immediate_grad_update: BF16_Optimizer adds each bf16 gradient into the fp32 accumulator in a hook, then
+        # frees it (parallel.immediate_grad_update; the same sums as DeepSpeed's after-backward pass, one pass less)
+        "bf16": {"enabled": p.precision == "bf16", "immediate_grad_update": p.resolved_immediate_grad_update},
         "fp16": {
             "enabled": p.precision == "fp16",
             "loss_scale": o.loss_scale,
@@ -124,14 +129,25 @@ class TrainEngine:
 
 
 class ModelEngine(TrainEngine):
-    """PP = 1: the model (``leviathan_pretrain.model.GPT``) under ``deepspeed.initialize``."""
+    """PP = 1: the model (``leviathan_pretrain.model.GPT``) under ``deepspeed.initialize``. Its micro-batches are
+    plain dicts of host tensors or micro-batches prepared ahead (:meth:`prepare`, :class:`~.transfer.MicroBatch`)."""
 
     needs_data = True
 
+    def __init__(self, ds, cfg: Config, dp_group):
+        super().__init__(ds, cfg, dp_group)
+        self.transfer = Transfer.for_run(cfg, ds.device)
+
+    def prepare(self, mb: dict) -> MicroBatch:
+        """A micro-batch as this run sends it (:mod:`.transfer`: packed, pinned on CUDA, the unique ids made on
+        the host per ``data.*``); the data loader calls it ahead, a benchmark may too; a prepared one as it is."""
+        return self.transfer.prepare(mb)
+
     def _loss(self, mb: dict) -> torch.Tensor:
-        dev = self.ds.device
-        tokens, pos, labels, mask = (mb[k].to(dev) for k in ("tokens", "position_ids", "labels", "loss_mask"))
-        return self.ds(tokens, pos, attention_mask=None, labels=labels, loss_mask=mask)  # the mean over the mask
+        b = self.prepare(mb).to_device(self.ds.device)
+        kw = {} if b.unique is None else {"unique": b.unique}
+        # the mean over the mask
+        return self.ds(b.tokens, b.position_ids, attention_mask=None, labels=b.labels, loss_mask=b.loss_mask, **kw)
 
     def _mean_over_dp(self, total: torch.Tensor, n: int) -> float:
         total = total.detach().float() / n

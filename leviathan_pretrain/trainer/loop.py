@@ -51,6 +51,7 @@ from leviathan_pretrain.trainer.metrics import (
     throughput,
 )
 from leviathan_pretrain.trainer.peers import record_peers
+from leviathan_pretrain.trainer.prefetch import Prefetcher
 from leviathan_pretrain.trainer.schedule import lr_at
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -141,16 +142,12 @@ class Trainer:
         seed_everything(t.seed, self.denv.device)
         self.eng = build_engine(cfg, self.denv.device)
         train_ds, valid_ds = build_datasets(cfg, summary["eod_id"], self.eng.needs_data)
-        self.train_batches = (
-            Batches(train_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size)
-            if self.eng.needs_data
-            else None
-        )
-        self.valid_batches = (
-            Batches(valid_ds, t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size)
-            if self.eng.needs_data and valid_ds is not None
-            else None
-        )
+        # PP = 1: micro-batches prepared for the device as they are read (packed, unique ids; trainer/transfer.py)
+        prep = getattr(self.eng, "prepare", None)
+        batch_args = (t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size, prep)
+        self.train_batches = Batches(train_ds, *batch_args) if self.eng.needs_data else None
+        self.valid_batches = Batches(valid_ds, *batch_args) if self.eng.needs_data and valid_ds is not None else None
+        self.prefetch: Prefetcher | None = None  # data.prefetch: the next global batch built ahead, during train()
         self.state = TrainState()
         if self.latest is not None:
             self.state = ckpt.load(self.eng.ds, self.cdir, self.latest, self.record)
@@ -165,10 +162,16 @@ class Trainer:
         self.geometry_ids = id_groups(cfg) if cfg.logging.geometry_interval else None
 
     def close(self) -> None:
+        self.close_prefetch()
         self.peers.stop()
         set_group_timeouts(self.cfg.parallel.init_timeout_minutes)  # the next run in this process starts up again
         self.metrics.close()
         self.eng.ds.destroy()
+
+    def close_prefetch(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
+            self.prefetch = None
 
     def save(self) -> None:
         cfg, dims, step = self.cfg, self.dims, self.state.step
@@ -224,7 +227,10 @@ class Trainer:
         lr = lr_at(st.lr_step - 1, cfg.optim, t.steps)
         eng.set_lr(lr)
         t_step = time.perf_counter()
-        mbs = self.train_batches.global_batch(st.consumed_samples) if self.train_batches is not None else None
+        if self.prefetch is not None:  # the same batch, built while the previous step ran (data.prefetch)
+            mbs = self.prefetch.take(st.consumed_samples)
+        else:
+            mbs = self.train_batches.global_batch(st.consumed_samples) if self.train_batches is not None else None
         loss, applied = eng.train_step(mbs)
         st.consumed_samples += t.global_batch_size
         gnorm = eng.grad_norm()
@@ -283,6 +289,19 @@ class Trainer:
             return EXIT_OK
         if self.latest is None:
             self.log_geometry()  # the model as initialised: step 0
+        if cfg.data.resolved_prefetch(self.denv.device.type) and self.train_batches is not None:
+            # the next global batch read, checked and prepared on one background thread while this step runs:
+            # by position, so the same batches as without; never past the run's last sample
+            g = t.global_batch_size
+            self.prefetch = Prefetcher(self.train_batches.global_batch, g, t.steps * g, self.denv.device)
+        try:
+            return self.run_steps()
+        finally:  # every way out (the end, a stop, an exception, a lost peer): no worker left behind
+            self.close_prefetch()
+
+    def run_steps(self) -> int:
+        """The training steps from ``state.step`` to the end or an early stop; the exit code."""
+        cfg, t, dims, m, st = self.cfg, self.cfg.train, self.dims, self.metrics, self.state
         interval_t, interval_steps = time.perf_counter(), 0
         while st.step < t.steps:
             st.step += 1

@@ -23,7 +23,10 @@ from tests.small_model import small_model_overrides
 VARIANTS = sys.argv[1].split(",")
 B, S, V = 2, 32, 1000  # V pads to 1024 at TP = 1 and TP = 2: identical master weights
 # option sets of a variant, run like one (name -> (variant, overrides))
-OPTIONS = {"lev_center_match": ("lev", ["model.lev.center=true", "model.lev.out_init_std=match"])}
+OPTIONS = {
+    "lev_center_match": ("lev", ["model.lev.center=true", "model.lev.out_init_std=match"]),
+    "lev_triton": ("lev", ["model.lev.kernel=triton"]),  # the Triton kernels (Triton's interpreter on the CPU)
+}
 
 
 def small_cfg(variant, tp):

@@ -7,6 +7,9 @@ Run as ``python tests/workers/train_faults.py --config ... key=value ...`` (dire
   step-N checkpoint (a crash during a save).
 - ``LEV_TEST_BAD_TOKEN_RANK=R`` + ``LEV_TEST_BAD_TOKEN_STEP=S``: rank R's micro-batches of step S carry a
   token id outside the vocabulary (the model raises ``TokenIdError`` on that rank only).
+- ``LEV_TEST_BAD_SAMPLE_RANK=R`` + ``LEV_TEST_BAD_SAMPLE_STEP=S``: the training samples of step S carry such an id
+  in the data itself, on rank R: the data loader's host check raises ``TokenIdError`` while building that batch
+  (with ``data.prefetch``: on the prefetch thread, during step S - 1), which must surface at step S.
 - ``LEV_TEST_STALL_RANK=R`` + ``LEV_TEST_STALL_STEP=S``: rank R stops itself (SIGSTOP: its sockets stay open,
   nothing crashes) just before step S's stop vote, the per-step collective on the world group.
 - ``LEV_TEST_FSYNC_LOG=DIR``: every ``os.fsync`` is recorded as the path of its file descriptor in
@@ -62,6 +65,34 @@ if bad_rank is not None and int(bad_rank) == RANK:
         return mbs
 
     tdata.Batches.global_batch = global_batch
+
+bad_sample_rank = os.environ.get("LEV_TEST_BAD_SAMPLE_RANK")
+if bad_sample_rank is not None and int(bad_sample_rank) == RANK:
+    from leviathan_pretrain.trainer import loop  # noqa: E402
+
+    _build_datasets, bad_sample_step = loop.build_datasets, int(os.environ["LEV_TEST_BAD_SAMPLE_STEP"])
+
+    class BadSamples:
+        """The training samples of step ``bad_sample_step`` with an id far outside any test vocabulary."""
+
+        def __init__(self, ds, g):
+            self.ds, self.lo, self.hi = ds, (bad_sample_step - 1) * g, bad_sample_step * g
+
+        def __len__(self):
+            return len(self.ds)
+
+        def __getitem__(self, i):
+            sample = self.ds[i]
+            if self.lo <= i < self.hi:
+                sample = {**sample, "tokens": torch.as_tensor(sample["tokens"]).clone()}
+                sample["tokens"][0] = 10**6
+            return sample
+
+    def build_datasets(cfg, eod, needs_data):
+        train, valid = _build_datasets(cfg, eod, needs_data)
+        return (None if train is None else BadSamples(train, cfg.train.global_batch_size)), valid
+
+    loop.build_datasets = build_datasets
 
 stall_rank = os.environ.get("LEV_TEST_STALL_RANK")
 if stall_rank is not None and int(stall_rank) == RANK:
