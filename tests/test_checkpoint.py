@@ -403,6 +403,10 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
     older = {k: v for k, v in to_dict(cfg.model).items() if k not in ("compile", "activation_fusion")}
     ckpt.check_compatible(cfg, meta(**older), None, tmp_path, dims)
     ckpt.check_compatible(cfg, meta(**older, compile=True, activation_fusion=True), None, tmp_path, dims)
+    # the loss's implementation and chunk change how it is computed, not the model: a run written with the fused
+    # loss (the default before issue 44: model.loss_impl auto since) resumes under auto, liger or another chunk
+    assert cfg.model.loss_impl == "auto"
+    ckpt.check_compatible(cfg, meta(**{**older, "loss_impl": "fused", "loss_chunk_tokens": 2048}), None, tmp_path, dims)
     with pytest.raises(ckpt.CheckpointError, match="written for model.hidden_size=.*the config says"):
         ckpt.check_compatible(cfg, meta(**{**older, "hidden_size": cfg.model.hidden_size * 2}), None, tmp_path, dims)
 

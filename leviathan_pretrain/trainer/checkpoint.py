@@ -204,9 +204,12 @@ def load(ds_engine, ckpt_dir: Path, tag: str, record: CheckpointRecord) -> Train
 # ---- resume rules ----
 
 # Model settings that change speed or memory but not the weights: a run may resume with other values (and from a
-# checkpoint written before the key existed: ``compile`` and ``activation_fusion`` came later).
+# checkpoint written before the key existed: ``compile`` and ``activation_fusion`` came later; ``loss_impl``'s default
+# became ``auto``, with issue 44).
 RESUME_FREE = {
     "attention_backend",
+    "loss_impl",
+    "loss_chunk_tokens",
     "compile",
     "activation_fusion",
     "lev.token_chunk",
