@@ -247,20 +247,29 @@ def measure(cfg, device, args, label: str) -> dict:
     clock, wall = make_clock(device, cpu), make_clock(device, False)
     n = args.warmup + args.pairs
     plain = zipf_batches(cfg, n + (args.breakdown_pairs if args.breakdown else 0), seed=args.seed)
-    models, batches, static = {}, {}, {}
-    names = list(contestants(cfg, device, args))
-    times = {k: {"clock": [], "wall": []} for k in names}
-    losses = {k: [] for k in names}
-    transient = dict.fromkeys(names, 0)
+    models, batches, static, failed = {}, {}, {}, {}
+    losses = {}
     for name, make in contestants(cfg, device, args).items():  # built and warmed up one after the other
         before = torch.cuda.memory_allocated(device) if cuda else 0
-        models[name] = model = make(models)
-        batches[name] = model.prepare(plain) if isinstance(model, Ours) else plain
-        for i in range(args.warmup):  # allocator, compile, DeepSpeed's first step
-            losses[name].append(model.step(batches[name][i]))
+        try:
+            models[name] = model = make(models)
+            batches[name] = model.prepare(plain) if isinstance(model, Ours) else plain
+            losses[name] = [model.step(batches[name][i]) for i in range(args.warmup)]  # allocator, compile, ...
+        except Exception:  # noqa: BLE001 -- old / liger: recorded, the others still measured; ours / ref: fatal
+            if name in ("ours", "ref"):
+                raise
+            traceback.print_exc()
+            failed[name] = traceback.format_exc(limit=6)
+            for d in (models, batches, losses):
+                d.pop(name, None)
+            gc.collect()
+            continue
         if cuda:  # what it holds between steps: weights, gradients, optimizer states, caches
             torch.cuda.synchronize(device)
             static[name] = torch.cuda.memory_allocated(device) - before
+    names = list(models)
+    times = {k: {"clock": [], "wall": []} for k in names}
+    transient = dict.fromkeys(names, 0)
     for r in range(args.pairs):
         for name in _rounds(names, r):
             mbs = batches[name][args.warmup + r]
@@ -289,6 +298,7 @@ def measure(cfg, device, args, label: str) -> dict:
         "global_batch": cfg.train.global_batch_size,
         "seq_length": cfg.model.seq_length,
         "contestants": names,
+        "failed_contestants": failed,
         "describe": {k: m.describe() for k, m in models.items()},
         "old_overrides": args.old,
         "ref_vocab": models["ref"].vocab_size,
@@ -353,6 +363,8 @@ def report(r: dict) -> None:
     )
     for k, text in r["describe"].items():
         print(f"  {k:6} {text}" + (f"  [old: {r['old_overrides']}]" if k == "old" else ""))
+    for k, err in r.get("failed_contestants", {}).items():
+        print(f"  {k:6} FAILED, not measured: {err.strip().splitlines()[-1]}")
     head = f"{'median':>10} {'min':>10} {'wall median':>12} {'tokens/s':>12} {'TFLOP/s':>8} {'MFU':>7} {'loss 1st':>8}"
     mem = r.get("memory")
     print(f"  {'':6} {head}" + (f" {'held GiB':>9} {'step GiB':>9}" if mem else ""))

@@ -201,6 +201,8 @@ def _steps_md(steps: list[dict]) -> list[str]:
         out += [""] + [f"- **{k}**: {text}" for k, text in r.get("describe", {}).items()]
         if r.get("old_overrides"):
             out.append(f"- old = ours with `{r['old_overrides']}`")
+        for k, err in r.get("failed_contestants", {}).items():
+            out.append(f"- **{k}: failed, not measured**: {err.strip().splitlines()[-1]}")
         out += [
             "",
             "| contestant | tokens/s | MFU | step ms | ours / it | held GiB | step GiB |",

@@ -103,3 +103,28 @@ def test_summary_gives_the_issue_ratios_and_goals_per_scale():
     checks = {"compile": {"training": {"failures": ["x"]}}}
     md = gs.report_md(rows, {"results": [], "sections": [], "checks": checks}, sc)
     assert "| 400m | ours_over_liger | 1.020 | <= 1 | **no** |" in md and "- compile: FAILED: x" in md
+
+
+def test_a_contestant_that_failed_is_named_in_the_summary_not_lost():
+    """bench_step.py keeps measuring the others when (A) or (D) fails to build or warm up (a Triton compile error
+    on a GPU, say); the summary says which failed and why, beside the ones measured."""
+    gs = benchmark_scripts.load("gpu_summary")
+    step = {
+        "config": "configs/400m-tied.yaml",
+        "precision": "bf16",
+        "micro_batch": 16,
+        "global_batch": 64,
+        "contestants": ["ours", "ref"],
+        "describe": {"ours": "loss liger", "ref": "HF"},
+        "failed_contestants": {"liger": "Traceback ...\nRuntimeError: PassManager::run failed\n"},
+        "tokens_per_s": {"ours": 2.0, "ref": 1.0},
+        "median_wall_s": {"ours": 0.5, "ref": 1.0},
+        "ratio_pairs": 0.5,
+        "ratio_pairs_vs": {"ref": 0.5},
+        "median_s": {"ours": 0.5, "ref": 1.0},
+    }
+    md = gs.report_md([], {"results": [{"step": step}], "sections": [], "checks": {}})
+    assert "- **liger: failed, not measured**: RuntimeError: PassManager::run failed" in md
+    assert "| ours | 2 | n/a | 500.0 | 1 |" in md and "| ref | 1 | n/a | 1000.0 | 0.500 |" in md
+    sc = gs.scales([], {"results": [{"step": step}]})["400m"]
+    assert sc["goals"]["ours_over_liger"]["met"] is None and sc["goals"]["ours_over_ref"]["met"] is True
