@@ -88,8 +88,9 @@ def peak_breakdown(events: list[dict], base_bytes: int, repo: str = "", top: int
     sites: dict[str, list] = {}
     for e in at_peak.values():
         frames = e.get("frames") or []
-        cats[_category(frames)] += e["size"]
-        s = sites.setdefault(_site(frames, repo), [0, 0, _category(frames)])
+        cat = _category(frames)
+        cats[cat] += e["size"]
+        s = sites.setdefault(_site(frames, repo), [0, 0, cat])
         s[0] += e["size"]
         s[1] += 1
     order = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]

@@ -248,19 +248,13 @@ def logits_bytes(m, tokens: int, tp: int, e: int, device: str) -> float:
 def optimizer_wrapper(cfg) -> str:
     """The optimizer DeepSpeed 0.19.8 wraps ours in for this config (``engine._do_optimizer_sanity_check``)."""
     p = cfg.parallel
-    fp32_acc = p.precision == "bf16" and p.resolved_grad_accum_dtype == "fp32"
     if p.zero_stage == 3:
         return "DeepSpeedZeroOptimizer_Stage3"
-    if p.zero_stage == 1 and fp32_acc:  # never with the pipeline engine (refused at config load)
+    if p.uses_bf16_optimizer_fp32:  # bf16, ZeRO 1, fp32 accumulation, not the pipeline engine
         return "BF16_Optimizer"
     if p.zero_stage in (1, 2):
         return "DeepSpeedZeroOptimizer"
     return "AdamW (no wrapper)" if p.precision == "fp32" else "FP16_UnfusedOptimizer"
-
-
-def _grads_freed(cfg) -> bool:
-    """BF16_Optimizer with ``immediate_grad_update``: no bf16 ``.grad`` outlives its hook."""
-    return optimizer_wrapper(cfg) == "BF16_Optimizer" and cfg.parallel.resolved_immediate_grad_update
 
 
 def state_bytes(cfg, params: int, largest: int, dp: int, device: str) -> dict[str, float]:
@@ -320,8 +314,10 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
     per_mb += 2.0 * e * T * m.hidden_size if pp > 1 else 0.0
     in_flight = min(pp - stage, gas) if pp > 1 else 1
     act = in_flight * per_mb
-    if gas > 1 and not _grads_freed(cfg):  # accumulating: autograd's fresh gradient of the largest weight, before
-        act += e * largest  # it is added into .grad (freed at once instead: counted with the gradients)
+    # accumulating: autograd's fresh gradient of the largest weight, before it is added into .grad (with
+    # immediate_grad_update, only ever on BF16_Optimizer, no .grad is kept: counted with the gradients instead)
+    if gas > 1 and not cfg.parallel.resolved_immediate_grad_update:
+        act += e * largest
     if attn == "megatron" and st["blocks"]:
         act += (2 * e + 4 if e != 4 else 2 * e) * b * m.num_attention_heads / tp * s * s
     logits = logits_bytes(m, T, tp, e, device) if st["head"] else 0.0

@@ -196,12 +196,15 @@ def _stop(proc):
 
 
 @pytest.mark.multiproc
-def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
+@pytest.mark.parametrize("prefetch", ["false", "true"])
+def test_crash_during_checkpoint_write_then_sigterm(tmp_path, prefetch):
     """SIGKILL half-way through writing step 4's checkpoint: `latest` still names step 2, which loads; the
-    next run resumes from it (same losses), and SIGTERM then ends it with a checkpoint and exit code 75."""
+    next run resumes from it (same losses), and SIGTERM then ends it with a checkpoint and exit code 75. With the
+    next batch prefetched on its thread (data.prefetch, the CUDA default) and without (the CPU's)."""
     out = tmp_path / "run"
     ck = out / "checkpoints"
-    proc = _launch(out, "checkpoint.save_interval=2", env={"LEV_TEST_KILL_IN_SAVE_STEP": 4})
+    pf = f"data.prefetch={prefetch}"
+    proc = _launch(out, "checkpoint.save_interval=2", pf, env={"LEV_TEST_KILL_IN_SAVE_STEP": 4})
     try:
         log, _ = proc.communicate(timeout=300)
     finally:
@@ -215,7 +218,7 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path):
     first = losses(out)
     assert sorted(first) == [1, 2, 3, 4]
 
-    proc = _launch(out, "checkpoint.save_interval=1000")
+    proc = _launch(out, "checkpoint.save_interval=1000", pf)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:

@@ -164,7 +164,9 @@ def test_training_with_host_unique_ids_logs_the_device_paths_losses():
     ids made on the host unpadded (``data.unique_bucket=1``) and the old path whole (``data.unique_ids=device
     data.packed_transfer=false``) log ``data.unique_ids=device``'s training and validation losses and gradient
     norms exactly; padded to the default 256 ids within 1e-6 (the sums' order, see above); LEV's health record
-    counts the same unique ids in every run (the true count, not the padded one)."""
+    counts the same unique ids in every run (the true count, not the padded one). The same at TP = 2 (each TP rank
+    gets the same host ids and computes its heads' partial rows from them): host unpadded and padded against
+    device at TP = 2."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.workers.train_common import launch, records, spec, workdir
@@ -176,8 +178,13 @@ def test_training_with_host_unique_ids_logs_the_device_paths_losses():
         "uid_host1": ("data.unique_ids=host", "data.unique_bucket=1"),
         "uid_host": ("data.unique_ids=host",),
     }
-    out = launch("unique_ids", [spec(n, *common, *o) for n, o in runs.items()], nprocs=2)
-    assert all(out["codes"][n] == {0: 0, 1: 0} for n in runs)
+    tp2 = {
+        "uid_device_tp2": ("parallel.tensor_parallel=2", "data.unique_ids=device"),
+        "uid_host1_tp2": ("parallel.tensor_parallel=2", "data.unique_ids=host", "data.unique_bucket=1"),
+        "uid_host_tp2": ("parallel.tensor_parallel=2", "data.unique_ids=host"),
+    }
+    out = launch("unique_ids", [spec(n, *common, *o) for n, o in {**runs, **tp2}.items()], nprocs=2)
+    assert all(out["codes"][n] == {0: 0, 1: 0} for n in {**runs, **tp2})
 
     def logged(name, key):
         if key.startswith("lev/"):  # LEV's health: TensorBoard only, on log steps
@@ -190,11 +197,16 @@ def test_training_with_host_unique_ids_logs_the_device_paths_losses():
     ref = {k: logged("uid_device", k) for k in keys}
     assert sorted(ref["loss"]) == list(range(1, 11)) and sorted(ref["valid_loss"]) == [5, 10]
     assert sorted(ref["lev/unique_ids"]) == [5, 10] and all(v > 0 for v in ref["lev/unique_ids"].values())
-    for name in ("uid_old", "uid_host1", "uid_host"):
-        for key, want in ref.items():
+    ref_tp2 = {k: logged("uid_device_tp2", k) for k in keys}
+    assert sorted(ref_tp2["loss"]) == list(range(1, 11))
+    for name, base in [("uid_old", ref), ("uid_host1", ref), ("uid_host", ref)] + [
+        ("uid_host1_tp2", ref_tp2),
+        ("uid_host_tp2", ref_tp2),
+    ]:
+        for key, want in base.items():
             got = logged(name, key)
             assert sorted(got) == sorted(want), (name, key)
-            if name != "uid_host" or key.startswith("lev/"):
+            if name not in ("uid_host", "uid_host_tp2") or key.startswith("lev/"):  # padded: the sums' order
                 assert got == want, (name, key, got, want)
             else:
                 assert all(abs(got[s] - want[s]) <= 1e-6 * abs(want[s]) for s in want), (name, key, got, want)

@@ -45,6 +45,11 @@ _TRITON: dict = {}  # "module" / "error": the import of model/spline_triton.py, 
 _FALLBACK: dict = {}  # device type -> None (auto's Triton probe passed there) or the exception it raised
 
 
+def _device_type(device) -> str:
+    """``cuda`` / ``cpu`` of a ``torch.device`` or of its type given as a string."""
+    return device.type if isinstance(device, torch.device) else str(device)
+
+
 def triton_kernels():
     """``(module, None)``: model/spline_triton.py imported (its kernels are defined then, under the
     ``TRITON_INTERPRET`` of that moment); ``(None, error)`` when it does not import (no triton). Tried once."""
@@ -125,13 +130,13 @@ class LEVInput(UniqueIdInput):
         """Unique ids per chunk of the spline product on ``device`` (a ``torch.device`` or its type):
         :func:`~.sizes.lev_chunk_ids`, i.e. ``model.lev.token_chunk`` or the device's work-memory budget. Resolved
         where the work runs (a model built on the CPU and moved to a GPU, as evaluation does, gets the GPU's)."""
-        kind = device.type if isinstance(device, torch.device) else str(device)
+        kind = _device_type(device)
         return sizes.lev_chunk_ids(self.lev, self.heads_local, kind)
 
     def kernel_for(self, device) -> str:
         """``torch`` or ``triton``: the spline product's implementation on ``device`` (``model.lev.kernel``;
         ``auto`` is triton on CUDA when it imports and has not failed there, torch elsewhere)."""
-        kind = device.type if isinstance(device, torch.device) else str(device)
+        kind = _device_type(device)
         if self.lev.kernel != "auto":
             return self.lev.kernel
         failed = _FALLBACK.get(kind) is not None
@@ -141,7 +146,7 @@ class LEVInput(UniqueIdInput):
     def gemm_dtype_for(self, device) -> torch.dtype:
         """The dtype of the output GEMM ``M @ W_out`` on ``device`` (``model.lev.gemm_dtype``; ``auto``: the
         model's dtype on CUDA, fp32 elsewhere). The model's dtype is ``params_dtype`` (bf16 in a bf16 run)."""
-        kind = device.type if isinstance(device, torch.device) else str(device)
+        kind = _device_type(device)
         want = self.lev.gemm_dtype
         if want == "auto":
             want = "model" if kind == "cuda" else "fp32"
