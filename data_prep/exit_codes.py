@@ -2,8 +2,12 @@
 
 - ``0``  done
 - ``1``  any other error (the trainer: raised on one rank, it ends every rank at once)
-- ``2``  bad input: a config key, a file, an option (one ``error:`` line naming it)
-- ``3``  the trainer stopped after ``train.max_bad_steps`` consecutive non-finite steps (no new checkpoint)
+- ``2``  bad input: a config key, a file, an option (one ``error:`` line naming it); for the trainer also a run
+  directory held by another live trainer, a lost run lock, an unusable checkpoint (the line names the holder or
+  the file)
+- ``3``  the trainer's divergence guard stopped it (``train.max_bad_steps`` consecutive non-finite steps, a loss or
+  gradient-norm spike, a non-finite last step): nothing saved after the last healthy step, ``latest`` names the
+  last good checkpoint
 - ``75`` the trainer stopped early *with* a checkpoint: SIGTERM/SIGUSR1 (preemption, SLURM's warning before the
   time limit), ``train.exit_at_step`` or ``train.exit_after_minutes``. Re-run the same command to continue; the
   SLURM launcher requeues on this code (75 is ``EX_TEMPFAIL``).

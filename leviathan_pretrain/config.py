@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from leviathan_pretrain.config_parallel import ParallelConfig  # noqa: F401 - part of the schema
+from leviathan_pretrain.config_run import CheckpointConfig, TrainConfig  # noqa: F401 - part of the schema
 from leviathan_pretrain.configlib import ConfigError, load, require, to_dict  # noqa: F401
 from leviathan_pretrain.model import variants  # closed forms only: no torch/megatron import
 
@@ -347,53 +348,6 @@ class OptimConfig:
         require(self.lev_lr_mult > 0, f"{prefix}.lev_lr_mult", "must be > 0")
         require(self.clip_grad >= 0, f"{prefix}.clip_grad", "must be >= 0 (0 disables clipping)")
         require(self.loss_scale >= 0, f"{prefix}.loss_scale", "must be >= 0 (0 = dynamic)")
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000  # optimizer steps of the whole run (the LR schedule's length)
-    micro_batch_size: int = 4  # sequences per rank per forward/backward
-    global_batch_size: int = 8  # sequences per optimizer step; accumulation = global / (micro x DP)
-    seed: int = 1234
-    eval_interval: int = 200  # validation every N steps (and at the end); 0 disables
-    eval_iters: int = 10  # global batches of the held-out split per validation
-    max_bad_steps: int = 5  # consecutive NaN/Inf steps before stopping
-    out_dir: str = "runs/default"  # checkpoints/, tensorboard/, train_log.jsonl below this
-    exit_at_step: int | None = None  # stop after this step with a checkpoint (exit 75); resume continues
-    exit_after_minutes: float | None = None  # same, once this much wall time has passed (job time limits)
-
-    def validate(self, prefix: str) -> None:
-        for name in ("steps", "micro_batch_size", "global_batch_size", "eval_iters", "max_bad_steps"):
-            v = getattr(self, name)
-            require(v >= 1, f"{prefix}.{name}", f"must be >= 1, got {v}")
-        require(self.eval_interval >= 0, f"{prefix}.eval_interval", "must be >= 0 (0 disables validation)")
-        require(
-            self.global_batch_size % self.micro_batch_size == 0,
-            f"{prefix}.global_batch_size",
-            f"{self.global_batch_size} is not a multiple of train.micro_batch_size={self.micro_batch_size}",
-        )
-        require(self.exit_at_step is None or self.exit_at_step >= 1, f"{prefix}.exit_at_step", "must be >= 1")
-        require(
-            self.exit_after_minutes is None or self.exit_after_minutes > 0,
-            f"{prefix}.exit_after_minutes",
-            "must be > 0",
-        )
-        require(bool(self.out_dir), f"{prefix}.out_dir", "must not be empty")
-
-
-@dataclass
-class CheckpointConfig:
-    save_interval: int = 500  # a DeepSpeed checkpoint every N steps, and always at the end
-    keep_last: int = 3  # complete checkpoints kept (older ones are deleted)
-    resume: bool = True  # continue from <dir>/latest when it exists
-    dir: str | None = None  # None -> <train.out_dir>/checkpoints
-    # resume at another data-parallel size (a requeue on fewer/more nodes): ZeRO 1-3 via DeepSpeed's universal
-    # checkpoint, converted once into <tag>/universal (exact); false: refuse a DP change. TP/PP changes: refused.
-    reshard: bool = True
-
-    def validate(self, prefix: str) -> None:
-        require(self.save_interval >= 1, f"{prefix}.save_interval", "must be >= 1")
-        require(self.keep_last >= 1, f"{prefix}.keep_last", "must be >= 1")
 
 
 @dataclass

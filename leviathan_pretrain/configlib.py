@@ -12,6 +12,7 @@ Generic machinery only (no project fields): :mod:`leviathan_pretrain.config` dec
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -127,14 +128,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 pass
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        f = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            f = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
             try:
-                return float(value)
+                f = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if f is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(f):  # no key means anything by nan or inf (null is "unset" where a key allows it)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return f
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

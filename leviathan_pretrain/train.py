@@ -2,10 +2,10 @@
 
 Run it under any launcher that sets the usual rank variables (``torchrun``, ``deepspeed``, ``srun``,
 ``mpirun``, ``launchers/local.py``) or as one plain process. Re-running the same command continues from
-``<checkpoint.dir>/latest``. Exit codes: 0 done, 2 bad config/data, 3 diverged (too many non-finite
-steps), 75 stopped early with a checkpoint (signal, ``train.exit_at_step``, ``train.exit_after_minutes``):
-re-run to continue; 76 lost a peer rank (re-run to resume from the latest checkpoint). See the README section
-"Training".
+``<checkpoint.dir>/latest`` (docs/training.md, "What protects a run's checkpoints"). Exit codes: 0 done, 2 bad
+config/data or a run directory held by another trainer, 3 diverged (non-finite steps or a loss spike), 75 stopped
+early with a checkpoint (signal, ``train.exit_at_step``, ``train.exit_after_minutes``): re-run to continue; 76 lost
+a peer rank (re-run to resume from the latest checkpoint). See the README section "Training".
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ EPILOG = """examples:
   torchrun --nproc_per_node 8 -m leviathan_pretrain.train --config configs/400m-lev.yaml \\
       parallel.zero_stage=2 data.prefixes=[/data/pile_train_text_document]
 
-exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary too); 3 diverged
-            (train.max_bad_steps consecutive NaN/Inf steps); 75 stopped early with a checkpoint (SIGTERM/SIGUSR1,
+exit codes: 0 finished; 2 bad config or data (a token id outside the vocabulary too), the run directory in use
+            by another trainer (the line names it), an unusable checkpoint (the line names the file); 3 diverged
+            (train.max_bad_steps consecutive NaN/Inf steps, a loss spike: train.spike_*; latest names the last good
+            checkpoint); 75 stopped early with a checkpoint (SIGTERM/SIGUSR1,
             train.exit_at_step, train.exit_after_minutes): run the same command again to continue (also on
             another number of nodes: the data-parallel size may change); 76 lost a peer (a rank's connection
             closed, or a collective timed out after parallel.timeout_minutes: a dead node, a cut network, a

@@ -95,12 +95,8 @@ def test_cleanup_never_touches_what_is_not_ours(tmp_path):
     assert (tmp_path / "notes.tmp").read_text() == "mine"
     assert not ours.exists() and not (tmp_path / "latest.tmp4242").exists()
     assert ckpt.foreign_tags(tmp_path) == ["global_step7"]
-    from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.trainer.checkpoint import latest_checkpoint
-
-    for resume in ("true", "false"):
-        with pytest.raises(ckpt.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
-            latest_checkpoint(load_config(CONFIG, [f"checkpoint.resume={resume}"]), tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
+        ckpt.check_no_foreign(tmp_path)  # the trainer's first check (resume or not), before choosing a checkpoint
     assert (foreign / "mp_rank_00_model_states.pt").exists()
     with pytest.raises(ckpt.CheckpointError, match="not written by leviathan_pretrain"):
         ckpt._begin(tmp_path, "global_step7", 7)  # never replaced by a save either

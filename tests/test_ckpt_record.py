@@ -10,7 +10,7 @@ import pytest
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.trainer.ckpt_names import CheckpointError
-from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
+from leviathan_pretrain.trainer.ckpt_record import ALWAYS_WRITTEN, CheckpointRecord, ParallelLayout
 
 REPO = Path(__file__).resolve().parents[1]
 WRITTEN = {  # what the trainer writes, in its key order (tests/test_checkpoint.py reads a real one)
@@ -63,6 +63,40 @@ def test_unreadable_record(tmp_path):
     (tmp_path / "leviathan.json").write_text('{"step": ')
     with pytest.raises(CheckpointError, match="leviathan.json: unreadable"):
         CheckpointRecord.read(tmp_path)
+
+
+def test_the_records_of_every_trainer_version_are_read(tmp_path):
+    """Before model_layout (layout 1), before tokenizer_fingerprint, today's: the keys each version wrote."""
+    first = {k: WRITTEN[k] for k in ALWAYS_WRITTEN}
+    for data, layout in ((first, 1), ({**first, "model_layout": 2}, 2), (WRITTEN, 2)):
+        (tmp_path / "leviathan.json").write_text(json.dumps(data))
+        assert CheckpointRecord.read(tmp_path).model_layout == layout
+
+
+@pytest.mark.parametrize(
+    "drop, said",
+    [
+        (
+            ("tokenizer_sha256", "tokenizer_fingerprint", "model_layout", "layout", "skipped_steps", "tag"),
+            "no 'tokenizer_sha256', 'layout', 'skipped_steps', 'tag' (every version of the trainer wrote them)",
+        ),
+        (("tag",), "no 'tag' (every version of the trainer wrote them)"),
+        (
+            ("model_layout",),
+            "'tokenizer_fingerprint' without 'model_layout' (the trainer wrote 'tokenizer_fingerprint'",
+        ),
+    ],
+)
+def test_a_record_no_trainer_wrote_names_the_file_and_the_missing_keys(tmp_path, drop, said):
+    """Fields missing (a hand-edited or cut record) used to read as "written with model layout 1" at resume."""
+    data = {k: v for k, v in WRITTEN.items() if k not in drop}
+    (tmp_path / "leviathan.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as e:
+        CheckpointRecord.read(tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'leviathan.json'}: an incomplete or hand-edited record: {said}"), msg
+    assert msg.endswith("restore the file, or resume from an older complete checkpoint") and "\n" not in msg
+    assert CheckpointRecord.from_json(data, "x").step == 60  # tools reading what they can (compare) still may
 
 
 def test_run_layout_defaults_and_the_config_overrides(tmp_path):

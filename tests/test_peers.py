@@ -81,14 +81,32 @@ def test_a_closed_connection_names_the_ranks_at_its_address(store):
 def test_a_store_that_does_not_answer_is_said_and_never_waited_on(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
+        s.listen(1)  # the connection is taken (by the kernel), nothing ever answers on it: a store cut off
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(s.getsockname()[1]))
+        monkeypatch.setattr(peers, "READ_S", 1.0)
+        t0 = time.monotonic()
+        said = table().diagnose(GLOO_TIMEOUT)
+        assert "the job's store did not answer" in said and "this rank may be the one cut off" in said, said
+        assert time.monotonic() - t0 < 3
+
+
+def test_a_store_whose_host_process_is_gone_is_said_so_at_once(monkeypatch, capfd):
+    """Refused (nothing listens: the process that hosted the store died with the peer, as rank 0 under
+    launchers/local.py): said as gone, not as this rank being cut off, without c10d's retries (a C++ stack each)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens there
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setattr(peers, "READ_S", 1.0)
     t0 = time.monotonic()
-    said = table().diagnose(GLOO_TIMEOUT)
-    assert "the job's store did not answer" in said and "this rank may be the one cut off" in said, said
-    assert time.monotonic() - t0 < 3
+    said = table().diagnose(GLOO_CLOSED)
+    assert said == (
+        f"the connection to 10.9.8.2 (ranks 1, 2 on node2) closed; the job's store is gone too (nothing listens at "
+        f"127.0.0.1:{port}: it went with the process that hosted it)"
+    ), said
+    assert time.monotonic() - t0 < 1
+    assert "frame #" not in capfd.readouterr().err
 
 
 def test_the_pulse_thread_writes_this_ranks_step(store):

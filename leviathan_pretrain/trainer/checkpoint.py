@@ -6,14 +6,20 @@ Layout of ``checkpoint.dir`` (default ``<train.out_dir>/checkpoints``)::
     global_step30/              one checkpoint (DeepSpeed's model/optimizer/ZeRO files for every rank)
         rng_rank00000.pt        this rank's RNG states (python, numpy, torch CPU and CUDA)
         leviathan.saving        our in-progress mark: present from the directory's creation until commit
-        leviathan.json          step, consumed samples, config, tokenizer sha256, layout; written last
+        leviathan.json          step, consumed samples, config, tokenizer sha256, layout, every file's size;
+                                written last
+    leviathan.lock              the run lock (trainer/run_lock.py), when the checkpoints live outside train.out_dir
+    leviathan.applied.json      the one-shot keys applied here (checkpoint.start_over, resume_from)
+    replaced-*/ abandoned-*/ unusable-*/   checkpoints moved aside by those keys and checkpoint.fallback, never deleted
 
 Saving (collective): rank 0 creates the tag directory *with* the in-progress mark (built under a hidden
 temporary name, then renamed), every rank writes its DeepSpeed files and RNG state and fsyncs each file it
 wrote itself (on Lustre/GPFS only the writing node can flush its pages), then a barrier; rank 0 writes
 ``leviathan.json``, removes the mark, points ``latest`` at the new tag (write-to-temp, fsync, rename) and
-deletes all but the newest ``keep_last`` complete checkpoints. A crash at any point leaves ``latest`` naming
-the previous complete checkpoint.
+deletes all but the newest ``keep_last`` complete checkpoints (never the newest one a healthy step confirmed:
+trainer/guard.py). A crash at any point leaves ``latest`` naming the previous complete checkpoint. Rank 0 checks it
+still holds the run lock before the save and before the commit. Which checkpoint a start resumes from, and the
+checks before loading it: :mod:`.ckpt_resume`.
 
 What is ever deleted: only directories we marked — an interrupted save (``leviathan.saving`` without
 ``leviathan.json``) at the next start, our own hidden temporary directories and ``latest.tmp<pid>``, and complete
@@ -27,21 +33,23 @@ states contain are allow-listed. Anything else in a file fails with an error nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from data_prep.fileio import fsync_path, write_bytes_atomic
-from leviathan_pretrain.config import Config, ConfigError, to_dict
+from leviathan_pretrain.config import Config, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION
 from leviathan_pretrain.parallel import ParallelDims
 from leviathan_pretrain.trainer import reshard
+from leviathan_pretrain.trainer.ckpt_errors import writing
 from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported: the one definition)
     LATEST,
     META,
@@ -54,23 +62,57 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
     tag_for,
 )
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
-from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load
+from leviathan_pretrain.trainer.ckpt_resume import manifest
+from leviathan_pretrain.trainer.run_lock import proc_start
+from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load, safe_save
 from leviathan_pretrain.trainer.state import TrainState
 
 # ---- directory bookkeeping (names, tag_for, step_of, read_latest, complete_tags, checkpoint_dir: in .ckpt_names) ----
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode(), sync_dir=True)
+    with writing(path):  # a full disk, permissions: one line naming the file and the cause
+        write_bytes_atomic(path, text.encode(), sync_dir=True)
 
 
 def _is_ours(d: Path) -> bool:
     return (d / META).is_file() or (d / SAVING).is_file()
 
 
+def _empty_dir(d: Path) -> bool:
+    try:
+        return d.is_dir() and not any(d.iterdir())
+    except OSError:
+        return False
+
+
 def foreign_tags(ckpt_dir: Path) -> list[str]:
-    """``global_step*`` folders we did not write (neither ``leviathan.json`` nor our in-progress mark)."""
-    return sorted(d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and not _is_ours(d))
+    """``global_step*`` folders we did not write (neither ``leviathan.json`` nor our in-progress mark), empty ones
+    aside (nothing in them to mix with: what an older version's pruning, killed at its end, left)."""
+    return sorted(
+        d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and not _is_ours(d) and not _empty_dir(d)
+    )
+
+
+def _discard(d: Path) -> None:
+    """Delete our folder ``d`` so that a crash at any moment leaves nothing that looks like another run's: renamed
+    (atomically) out of the ``global_step*`` names to ``.<tag>.saving-<pid>`` carrying our in-progress mark, then
+    emptied, the mark last, then removed (:func:`remove_incomplete` finishes what a crash left)."""
+    if not (d / SAVING).is_file():
+        (d / SAVING).write_text("{}")
+    hidden = d.parent / f".{d.name}.saving-{os.getpid()}"
+    if hidden.exists():
+        _empty_out(hidden)
+    os.rename(d, hidden)
+    _empty_out(hidden)
+
+
+def _empty_out(hidden: Path) -> None:
+    for child in hidden.iterdir():
+        if child.name != SAVING:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    (hidden / SAVING).unlink(missing_ok=True)
+    hidden.rmdir()
 
 
 def check_no_foreign(ckpt_dir: Path) -> None:
@@ -85,92 +127,142 @@ def check_no_foreign(ckpt_dir: Path) -> None:
         )
 
 
+def _writer_alive(d: Path) -> bool:
+    """Whether the process named in ``d``'s in-progress mark still runs on this host (it cannot be known for another
+    host: there the run lock is what says the writer is gone)."""
+    try:
+        mark = json.loads((d / SAVING).read_text() or "{}")
+    except (OSError, ValueError):
+        return False
+    if not isinstance(mark, dict) or mark.get("host") != socket.gethostname() or mark.get("pid") in (None, os.getpid()):
+        return False
+    try:
+        os.kill(int(mark["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError):
+        return isinstance(mark.get("pid"), int)
+    start = proc_start(int(mark["pid"]))
+    return not (mark.get("pid_start") and start and start != mark["pid_start"])  # else the pid was reused
+
+
 def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
     """Delete our interrupted saves (in-progress mark, no ``leviathan.json``) and our temporary files; rank 0
-    only. Nothing without our mark is touched."""
+    only, under the run lock. Nothing without our mark is touched, nor a save whose writer is alive on this host."""
     ckpt_dir = Path(ckpt_dir)
     removed = []
     for d in ckpt_dir.glob(f"{TAG_PREFIX}*"):
         if d.is_dir() and (d / SAVING).is_file() and not (d / META).is_file() and d.name != keep:
-            shutil.rmtree(d, ignore_errors=True)
+            if _writer_alive(d):
+                continue
+            _discard(d)
             removed.append(d.name)
-    for d in ckpt_dir.glob(f".{TAG_PREFIX}*.saving-*"):  # a crash between mkdir and rename
-        if d.is_dir() and (d / SAVING).is_file():
-            shutil.rmtree(d, ignore_errors=True)
+    for d in ckpt_dir.glob(f".{TAG_PREFIX}*.saving-*"):  # a crash between mkdir and rename, or mid-delete
+        if d.is_dir() and ((d / SAVING).is_file() or _empty_dir(d)) and not _writer_alive(d):
+            _empty_out(d)
     for tmp in ckpt_dir.glob(LATEST + ".tmp*"):  # ours: write_bytes_atomic's temporary name
         if tmp.name[len(LATEST) + 4 :].isdigit():
             tmp.unlink(missing_ok=True)
     return removed
 
 
-def prune(ckpt_dir: Path, keep_last: int) -> list[str]:
-    """Delete all but the newest ``keep_last`` complete checkpoints (never the one ``latest`` names)."""
+def prune(ckpt_dir: Path, keep_last: int, protect: str | None = None) -> list[str]:
+    """Delete all but the newest ``keep_last`` complete checkpoints; never the one ``latest`` names, nor
+    ``protect`` (the newest checkpoint confirmed by a healthy step after it: trainer/guard.py)."""
     latest = read_latest(ckpt_dir)
     tags = complete_tags(ckpt_dir)
-    doomed = [t for t in tags[:-keep_last] if t != latest] if keep_last < len(tags) else []
+    doomed = [t for t in tags[:-keep_last] if t not in (latest, protect)] if keep_last < len(tags) else []
     for t in doomed:
-        # Mark in progress, then drop the completion marker: a crash mid-delete leaves an interrupted save.
+        # Mark in progress, then drop the completion marker: a crash from here on leaves an interrupted save
         d = Path(ckpt_dir) / t
         (d / SAVING).write_text("{}")
         (d / META).unlink(missing_ok=True)
-        shutil.rmtree(d, ignore_errors=True)
+        _discard(d)
     return doomed
 
 
-def _begin(ckpt_dir: Path, tag: str, step: int) -> None:
-    """Rank 0: create ``ckpt_dir/tag`` carrying the in-progress mark from its first moment."""
+def _begin(ckpt_dir: Path, tag: str, step: int) -> str:
+    """Rank 0: create ``ckpt_dir/tag`` carrying the in-progress mark from its first moment; returns the mark's text
+    (unique to this save)."""
     final = ckpt_dir / tag
     if final.exists():
-        if not _is_ours(final):
+        if _empty_dir(final):
+            final.rmdir()  # empty: nothing to lose
+        elif not _is_ours(final):
             raise CheckpointError(f"{final} exists and was not written by leviathan_pretrain; left alone")
-        shutil.rmtree(final)  # our own leftover of this step (e.g. a re-run after a crash)
+        else:
+            _discard(final)  # our own leftover of this step (e.g. a re-run after a crash)
     tmp = ckpt_dir / f".{tag}.saving-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / SAVING).write_text(
-        json.dumps(
-            {
-                "step": step,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
-        )
+    text = json.dumps(
+        {
+            "step": step,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_start": proc_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "token": uuid.uuid4().hex,
+        }
     )
+    (tmp / SAVING).write_text(text)
     os.replace(tmp, final)
     fsync_path(ckpt_dir)
+    return text
 
 
-def save(ds_engine, ckpt_dir: Path, record: CheckpointRecord, keep_last: int) -> str:
+def point_latest(ckpt_dir: Path, tag: str) -> None:
+    """Rank 0: point ``latest`` at the complete checkpoint ``tag`` (atomically)."""
+    if not (Path(ckpt_dir) / tag / META).is_file():
+        raise CheckpointError(f"{Path(ckpt_dir) / tag}: not a complete checkpoint; {LATEST} left as it was")
+    _atomic_write(Path(ckpt_dir) / LATEST, tag)
+
+
+def save(
+    ds_engine, ckpt_dir: Path, record: CheckpointRecord, keep_last: int, check=None, protect: str | None = None
+) -> str:
     """Collective: write checkpoint ``global_step<record.step>`` and commit it (see the module docstring) with
-    ``record`` as its ``leviathan.json``."""
+    ``record`` as its ``leviathan.json``, listing every file of it with its size. ``check`` (rank 0): raises unless
+    this process still owns the run directory (the run lock), called before the save and before the commit;
+    ``protect``: a tag pruning keeps."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(record.step)
     if record.tag != tag:
         raise ValueError(f"record for {record.tag!r} saved as {tag!r}")
     rank = dist.get_rank()
+    box = [None]
     if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        _begin(ckpt_dir, tag, record.step)
-    dist.barrier()
+        if check is not None:
+            check()
+        with writing(ckpt_dir / tag):
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            box[0] = _begin(ckpt_dir, tag, record.step)
+    dist.broadcast_object_list(box, src=0)  # the mark's text: every rank checks it before each file it writes
     engine = ds_engine.checkpoint_engine
-    written = engine.start_recording() if isinstance(engine, SafeCheckpointEngine) else []
-    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)
-    rng_path = ckpt_dir / tag / f"rng_rank{rank:05d}.pt"
-    torch.save(TrainState.rng_state_dict(), rng_path)
+    mark = (ckpt_dir / tag / SAVING, box[0])
+    written = engine.start_recording(mark) if isinstance(engine, SafeCheckpointEngine) else []
+    with writing(ckpt_dir / tag):  # a full disk, permissions: one line naming the file and the cause, this rank
+        ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False)  # (its files: SafeCheckpointEngine)
+        rng_path = ckpt_dir / tag / f"rng_rank{rank:05d}.pt"
+        safe_save(TrainState.rng_state_dict(), rng_path)
     written.append(str(rng_path))
     if rank == 0:  # DeepSpeed's recovery scripts, copied by global rank 0
         written += [str(p) for p in (ckpt_dir / tag).glob("zero_to_*.py")]
-    for f in written:  # each rank flushes what it wrote itself
-        fsync_path(Path(f))
-    fsync_path(ckpt_dir / tag)
+    with writing(ckpt_dir / tag):  # (NFS and Lustre report a full disk at the flush)
+        for f in written:  # each rank flushes what it wrote itself
+            fsync_path(Path(f))
+        fsync_path(ckpt_dir / tag)
     dist.barrier()
     if rank == 0:
-        _atomic_write(ckpt_dir / tag / META, record.dumps())
-        (ckpt_dir / tag / SAVING).unlink()
-        fsync_path(ckpt_dir / tag)
-        _atomic_write(ckpt_dir / LATEST, tag)
-        prune(ckpt_dir, keep_last)
+        if check is not None:
+            check()
+        with writing(ckpt_dir / tag):
+            record = dataclasses.replace(record, files=manifest(ckpt_dir / tag))
+            _atomic_write(ckpt_dir / tag / META, record.dumps())
+            (ckpt_dir / tag / SAVING).unlink()
+            fsync_path(ckpt_dir / tag)
+            _atomic_write(ckpt_dir / LATEST, tag)
+            prune(ckpt_dir, keep_last, protect)
     dist.barrier()
     return tag
 
@@ -219,22 +311,6 @@ RESUME_FREE = {
     "lev.kernel",
     "lev.gemm_dtype",
 }
-
-
-def latest_checkpoint(cfg: Config, cdir: Path) -> str | None:
-    """The tag to resume from; with ``checkpoint.resume=false`` the directory must hold no checkpoint (a new
-    run's checkpoints would mix with the old ones, and pruning keeps the highest steps). A directory with
-    another run's ``global_step*`` folders is refused either way."""
-    check_no_foreign(cdir)
-    if cfg.checkpoint.resume:
-        return read_latest(cdir)
-    if cdir.is_dir() and complete_tags(cdir):
-        raise ConfigError(
-            f"checkpoint.resume: false, but {cdir} already holds checkpoints "
-            f"({', '.join(complete_tags(cdir)[-3:])}); use another train.out_dir or "
-            "checkpoint.dir, or delete it"
-        )
-    return None
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

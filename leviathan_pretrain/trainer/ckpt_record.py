@@ -13,6 +13,32 @@ from pathlib import Path
 from leviathan_pretrain.trainer.ckpt_names import META, CheckpointError
 
 FIRST_MODEL_LAYOUT = 1  # records written before ``model_layout`` existed hold the first state-dict layout
+# The keys every trainer version wrote into leviathan.json (git log -p of trainer/loop.py and checkpoint.py), and the
+# ones added since, in the order they came: a record the trainer wrote has the first and a prefix of the second.
+ALWAYS_WRITTEN = ("config", "tokenizer_sha256", "layout", "step", "consumed_samples", "skipped_steps", "tag")
+ADDED = ("model_layout", "tokenizer_fingerprint")
+
+
+def incomplete(data: dict) -> str | None:
+    """Why ``data`` is no record a trainer wrote (keys every version wrote missing; a key without one added before
+    it), or None. Such a record's defaults (``model_layout`` 1, ...) would be guesses."""
+    missing = [k for k in ALWAYS_WRITTEN if k not in data]
+    if missing:
+        return f"no {', '.join(map(repr, missing))} (every version of the trainer wrote them)"
+    for i, key in enumerate(ADDED):
+        absent = [k for k in ADDED[:i] if k not in data]
+        if key in data and absent:
+            return f"{key!r} without {', '.join(map(repr, absent))} (the trainer wrote {key!r} only after them)"
+    return None
+
+
+def _files(raw: dict | None, where) -> dict[str, int] | None:
+    if raw is None:
+        return None
+    bad = [k for k, v in raw.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+    if bad:
+        raise CheckpointError(f"{where}: 'files.{bad[0]}' is {raw[bad[0]]!r}, not a size in bytes")
+    return dict(raw)
 
 
 @dataclass(frozen=True)
@@ -43,6 +69,9 @@ class CheckpointRecord:
     tokenizer_fingerprint: str | None = None
     model_layout: int = FIRST_MODEL_LAYOUT
     layout: ParallelLayout = field(default_factory=ParallelLayout)
+    # every file of the checkpoint folder (relative name -> size in bytes), listed by rank 0 once every rank has
+    # written and flushed its files: a resume checks them before loading (records before issue 45: None)
+    files: dict[str, int] | None = None
 
     @property
     def tokenizer_fp(self) -> str | None:
@@ -63,17 +92,25 @@ class CheckpointRecord:
             "layout": self.layout.to_json(),
             **self.state_fields(),
             "tag": self.tag,
+            **({"files": self.files} if self.files is not None else {}),
         }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1)
 
     @classmethod
-    def from_json(cls, data: object, where: Path | str) -> CheckpointRecord:
+    def from_json(cls, data: object, where: Path | str, complete: bool = False) -> CheckpointRecord:
         """Validate a parsed ``leviathan.json``; a wrong or missing field raises :class:`CheckpointError` naming
-        ``where`` and the key."""
+        ``where`` and the key. ``complete`` (:meth:`read`: a resume, an evaluation): also a record no trainer
+        wrote (:func:`incomplete`), instead of filling in defaults."""
         if not isinstance(data, dict):
             raise CheckpointError(f"{where}: not a checkpoint record (a JSON object was expected)")
+        why = incomplete(data) if complete else None
+        if why:
+            raise CheckpointError(
+                f"{where}: an incomplete or hand-edited record: {why}; restore the file, or resume from an older "
+                "complete checkpoint"
+            )
 
         def get(key: str, kind: type | tuple, default=None, required: bool = False):
             if key not in data or data[key] is None:
@@ -103,11 +140,13 @@ class CheckpointRecord:
             tokenizer_fingerprint=get("tokenizer_fingerprint", str),
             model_layout=get("model_layout", int, FIRST_MODEL_LAYOUT),
             layout=ParallelLayout(**layout),
+            files=_files(get("files", dict), where),
         )
 
     @classmethod
     def read(cls, path: Path | str) -> CheckpointRecord:
-        """``path``: a ``leviathan.json`` file or the checkpoint folder holding one."""
+        """``path``: a ``leviathan.json`` file or the checkpoint folder holding one; a record no trainer wrote
+        (:func:`incomplete`) is refused."""
         path = Path(path)
         if path.name != META:
             path = path / META
@@ -115,4 +154,4 @@ class CheckpointRecord:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}: unreadable ({e})") from None
-        return cls.from_json(data, path)
+        return cls.from_json(data, path, complete=True)

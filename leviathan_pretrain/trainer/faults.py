@@ -8,7 +8,8 @@ vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with
 
 Non-finite steps: a step whose loss or gradient norm is NaN/Inf is skipped (no parameter update, LR
 schedule not advanced) and counted. DeepSpeed's optimizers detect it themselves (fp16 loss-scale overflow,
-ZeRO 1-3 and bf16 gradient checks); ZeRO stage 0 in fp32 uses :class:`AdamWSkipNonFinite` for the same.
+ZeRO 1-3 and bf16 gradient checks); ZeRO stage 0 in fp32 uses :class:`AdamWSkipNonFinite` for the same. When a run
+of them (or a loss spike) stops the run: :mod:`.guard`.
 """
 
 from __future__ import annotations
@@ -32,26 +33,7 @@ from leviathan_pretrain.trainer import peers
 
 
 class Diverged(RuntimeError):
-    """Too many consecutive non-finite steps."""
-
-
-class BadStepCounter:
-    """Consecutive non-finite steps; raises :class:`Diverged` at the limit (the total lives in TrainState)."""
-
-    def __init__(self, limit: int):
-        self.limit, self.consecutive = limit, 0
-
-    def update(self, step: int, bad: bool, loss: float, grad_norm: float | None) -> None:
-        if not bad:
-            self.consecutive = 0
-            return
-        self.consecutive += 1
-        if self.consecutive >= self.limit:
-            raise Diverged(
-                f"step {step}: {self.consecutive} consecutive non-finite steps (loss={loss}, "
-                f"grad_norm={grad_norm}; limit train.max_bad_steps={self.limit}); stopping without "
-                f"saving (the last good checkpoint is untouched)"
-            )
+    """The divergence guard stopped the run (trainer/guard.py): non-finite steps, a loss or gradient-norm spike."""
 
 
 def is_finite(x) -> bool:
@@ -89,13 +71,20 @@ class StopSignals:
         self._old.clear()
 
 
-def stop_requested(t: TrainConfig, signals: StopSignals, step: int, t0: float, device) -> str | None:
-    """Collective: why to stop now (a signal on any rank, ``train.exit_at_step``, ``train.exit_after_minutes``
-    on any rank), or None. Every rank gets the same answer."""
+def stop_requested(
+    t: TrainConfig, signals: StopSignals, step: int, t0: float, device, lock_lost: bool = False
+) -> str | None:
+    """Collective: why to stop now (the run lock lost on rank 0: ``"lock lost"``; a signal on any rank,
+    ``train.exit_at_step``, ``train.exit_after_minutes`` on any rank), or None. Every rank gets the same answer."""
     timed_out = t.exit_after_minutes is not None and time.monotonic() - t0 > 60 * t.exit_after_minutes
-    flags = torch.tensor([1.0 if signals.received is not None else 0.0, 1.0 if timed_out else 0.0], device=device)
+    flags = torch.tensor(
+        [1.0 if signals.received is not None else 0.0, 1.0 if timed_out else 0.0, 1.0 if lock_lost else 0.0],
+        device=device,
+    )
     if dist.get_world_size() > 1:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if flags[2] > 0:
+        return "lock lost"
     if flags[0] > 0:
         return "signal"
     if t.exit_at_step is not None and step >= t.exit_at_step:
@@ -132,7 +121,11 @@ def abort_rank(e: BaseException) -> None:
     non-zero). A lost peer (:func:`lost_peer`) is said in one line naming the ranks and hosts behind it
     (:mod:`.peers`); a timed-out collective exits 76 (``EXIT_PEER_LOST``: the SLURM launcher requeues), a closed
     connection 1 (the peer's own exit code tells why it left). A bad token id exits 2, Ctrl-C 130, anything else 1
-    with its traceback."""
+    with its traceback, then one line (a checkpoint file not written: the file, the cause, what to do, whole)."""
+    from leviathan_pretrain.trainer.ckpt_errors import CheckpointSaveError
+    from leviathan_pretrain.trainer.run_lock import release_held
+
+    release_held()  # this process writes nothing more: the run directory is free for the next start
     rank = os.environ.get("RANK", "0")
     msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     kind = lost_peer(e)
@@ -150,13 +143,19 @@ def abort_rank(e: BaseException) -> None:
         why = found.diagnose(str(e)) if found else "set-up had not finished: no peer table"
         step = f" in step {found.last_step}" if found else ""
         then = (
-            "its own error, if it had one, is in its output"
+            "its own error, if it had one, is in its output; re-run: it resumes from the latest complete checkpoint"
             if kind == "closed"
             else "no checkpoint was written after this, the run resumes from the latest complete one"
         )
-        print(f"{where} lost a peer{step}: {what}: {why}. Exiting {code}; {then}. ({msg})", file=sys.stderr, flush=True)
+        said = re.sub(r"^\[[^\]]*:\d+\]\s*", "", msg).split(". ")[0]  # gloo's source location and advice dropped
+        line = f"{where} lost a peer{step}: {what}: {why}. Exiting {code}; {then}. ({said})"
+        print(line, file=sys.stderr, flush=True)
     elif isinstance(e, TokenIdError):
         code = EXIT_CONFIG
+        print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
+    elif isinstance(e, CheckpointSaveError):  # the traceback is the log; the line names the file and what to do
+        code = 1
+        traceback.print_exception(e, file=sys.stderr)
         print(f"[rank {rank}] error: {e}", file=sys.stderr, flush=True)
     else:
         code = 1

@@ -29,19 +29,20 @@ from leviathan_pretrain.parallel import (
 from leviathan_pretrain.rundir import host
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer import ckpt_resume
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
 from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
 from leviathan_pretrain.trainer.engine import build_engine
 from leviathan_pretrain.trainer.faults import (
     EXIT_OK,
     EXIT_REQUEUE,
-    BadStepCounter,
     Diverged,
     StopSignals,
     is_finite,
     stop_requested,
 )
 from leviathan_pretrain.trainer.geometry_log import geometry_stats, id_groups
+from leviathan_pretrain.trainer.guard import Guard
 from leviathan_pretrain.trainer.metrics import (
     Metrics,
     check_tensorboard,
@@ -52,6 +53,7 @@ from leviathan_pretrain.trainer.metrics import (
 )
 from leviathan_pretrain.trainer.peers import record_peers
 from leviathan_pretrain.trainer.prefetch import Prefetcher
+from leviathan_pretrain.trainer.run_lock import LockLost, RunLocks
 from leviathan_pretrain.trainer.schedule import lr_at
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -109,8 +111,29 @@ class Trainer:
 
     def __init__(self, cfg: Config, signals: StopSignals):
         self.cfg, self.signals = cfg, signals
-        t = cfg.train
         self.denv = init_distributed(cfg.parallel)
+        self.locks: RunLocks | None = None  # rank 0's lease on the run directory (trainer/run_lock.py)
+        # the run directory's one owner first: nothing is read or removed before (a live holder: every rank stops)
+        collective_check(self._take_locks, cfg)
+        try:
+            self._set_up(cfg)
+        except BaseException:
+            self.release_locks()
+            raise
+
+    def _take_locks(self, cfg: Config) -> None:
+        layout, c = RunLayout.from_config(cfg), cfg.checkpoint
+        say = lambda line: print(line, flush=True)  # noqa: E731
+        self.locks = RunLocks.for_run(layout.root, layout.checkpoints, c.lock_heartbeat_s, c.lock_timeout_s, say)
+        self.locks.acquire()
+
+    def release_locks(self) -> None:
+        if self.locks is not None:
+            self.locks.release()
+            self.locks = None
+
+    def _set_up(self, cfg: Config) -> None:
+        t = cfg.train
         self.dims = dims = parallel_dims(t.micro_batch_size, t.global_batch_size)
         self.t0 = time.monotonic()
         layout = RunLayout.from_config(cfg)
@@ -121,10 +144,11 @@ class Trainer:
         summary = collective_check(data_summary, cfg)
         # checked against the shards, recorded in checkpoints (the fingerprint is what must match)
         self.tok_fp, self.tok_sha = summary["tokenizer_fingerprint"], summary["tokenizer_sha256"]
-        self.latest = collective_check(ckpt.latest_checkpoint, cfg, self.cdir)
-        self.record = None  # leviathan.json of the checkpoint resumed from
+        # the checkpoint to resume from, its files checked (rank 0, under the lock: trainer/ckpt_resume.py)
+        resume = collective_check(self._choose, cfg)
+        self.latest, self.record = resume.tag, resume.record  # the record: leviathan.json of the one resumed from
+        self.resume_note = resume.note
         if self.latest is not None:
-            self.record = CheckpointRecord.read(self.cdir / self.latest)
             ckpt.check_compatible(cfg, self.record, self.tok_fp, self.cdir / self.latest, dims)
         if dims.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +175,11 @@ class Trainer:
         self.state = TrainState()
         if self.latest is not None:
             self.state = ckpt.load(self.eng.ds, self.cdir, self.latest, self.record)
-        self.bad = BadStepCounter(t.max_bad_steps)
+        self.guard = Guard(t)
+        # the newest checkpoint of this run saved (None: none yet) and the newest confirmed by a healthy step after it
+        self.saved: str | None = self.latest
+        self.confirmed: str | None = self.latest
+        self.save_due = False  # a save fell due at an unhealthy step: made at the next healthy one
         tb = RunLayout.from_config(cfg).events
         self.metrics = Metrics(self.out_dir, tb, dims.writer, self.state.step, cfg.logging.log_interval, t.steps)
         self.peak, self.peak_source = peak_flops(self.denv.device, cfg.parallel.precision, cfg.logging.peak_flops)
@@ -161,12 +189,19 @@ class Trainer:
         set_group_timeouts(cfg.parallel.timeout_minutes)
         self.geometry_ids = id_groups(cfg) if cfg.logging.geometry_interval else None
 
+    def _choose(self, cfg: Config) -> ckpt_resume.Resume:
+        ckpt.check_no_foreign(self.cdir)
+        return ckpt_resume.choose(cfg, self.cdir)  # its note: said in the "resumed" event
+
     def close(self) -> None:
-        self.close_prefetch()
-        self.peers.stop()
-        set_group_timeouts(self.cfg.parallel.init_timeout_minutes)  # the next run in this process starts up again
-        self.metrics.close()
-        self.eng.ds.destroy()
+        try:
+            self.close_prefetch()
+            self.peers.stop()
+            set_group_timeouts(self.cfg.parallel.init_timeout_minutes)  # the next run in this process starts up again
+            self.metrics.close()
+            self.eng.ds.destroy()
+        finally:
+            self.release_locks()
 
     def close_prefetch(self) -> None:
         if self.prefetch is not None:
@@ -185,18 +220,50 @@ class Trainer:
             layout=ParallelLayout(tp=dims.tp, pp=dims.pp, dp=dims.dp, zero_stage=cfg.parallel.zero_stage),
         )
         set_group_timeouts(cfg.parallel.init_timeout_minutes)  # a save waits for the slowest writer
-        ckpt.save(self.eng.ds, self.cdir, record, cfg.checkpoint.keep_last)
+        check = self.locks.check if self.locks is not None else None  # rank 0: still the run directory's owner
+        ckpt.save(self.eng.ds, self.cdir, record, cfg.checkpoint.keep_last, check=check, protect=self.confirmed)
         set_group_timeouts(cfg.parallel.timeout_minutes)
+        self.saved, self.save_due = ckpt.tag_for(step), False
         self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
 
-    def validate(self) -> None:
+    def validate(self) -> float:
         t = self.cfg.train
         batches = (
             [self.valid_batches.global_batch(i * t.global_batch_size) for i in range(t.eval_iters)]
             if self.valid_batches is not None
             else None
         )
-        self.metrics.valid(self.state.step, self.eng.eval_loss(batches, t.eval_iters))
+        loss = self.eng.eval_loss(batches, t.eval_iters)
+        self.metrics.valid(self.state.step, loss)
+        return loss
+
+    def diverged(self, why: str) -> Diverged:
+        """Stop: the guard fired (every rank decides the same). ``latest`` goes back to the newest confirmed
+        checkpoint when the newest one is not confirmed (rank 0, still the owner); the message names it."""
+        st, keep = self.state, self.confirmed
+        if self.saved != keep and keep is not None and self.dims.rank == 0:
+            if self.locks is not None:
+                self.locks.check()
+            ckpt.point_latest(self.cdir, keep)
+        window = self.guard.window(st.consumed_samples)
+        if keep is None and self.saved is None:
+            kept = "no checkpoint of this run was saved yet"
+        elif keep is None:  # the only checkpoint is unconfirmed: it stays named, said as such
+            kept = (
+                f"latest names {self.saved}, saved just before the first unhealthy step (no earlier checkpoint): its "
+                "weights may already be the diverged ones"
+            )
+        else:
+            kept = f"latest names {keep}, the newest checkpoint confirmed by a healthy step after it"
+            if keep != self.saved:
+                kept += f" ({self.saved}, saved just before the first unhealthy step, is kept but not named)"
+        msg = (
+            f"stopped at step {st.step}: {why}; {window + '; ' if window else ''}nothing was saved after the last "
+            f"healthy step; {kept}. Re-running resumes from it: change what diverged first (e.g. a lower optim.lr), "
+            "or pick an earlier checkpoint with checkpoint.resume_from=<tag>"
+        )
+        self.metrics.event(st.step, "diverged", error=msg)
+        return Diverged(msg)
 
     def log_extra(self, loss: float, seconds_per_step: float) -> dict:
         """The log-interval scalars (collective: LEV health)."""
@@ -232,15 +299,16 @@ class Trainer:
         else:
             mbs = self.train_batches.global_batch(st.consumed_samples) if self.train_batches is not None else None
         loss, applied = eng.train_step(mbs)
+        before = st.consumed_samples
         st.consumed_samples += t.global_batch_size
         gnorm = eng.grad_norm()
         bad = not applied or not is_finite(loss)
         st.skipped_steps += bad
-        try:
-            self.bad.update(st.step, bad, loss, gnorm)
-        except Diverged as e:
-            self.metrics.event(st.step, "diverged", error=str(e))
-            raise
+        stop = self.guard.update(st.step, before, applied, loss, gnorm)
+        if self.guard.healthy and self.saved is not None and ckpt.step_of(self.saved) == st.step - 1:
+            self.confirmed = self.saved  # its weights gave a healthy step
+        if stop is not None:
+            raise self.diverged(stop)
         return {
             "loss": loss,
             "lr": lr,
@@ -270,7 +338,10 @@ class Trainer:
             }
         )
         if self.latest is not None:
-            m.event(st.step, "resumed", tag=self.latest, consumed_samples=st.consumed_samples)
+            note = {"note": self.resume_note} if self.resume_note else {}
+            m.event(st.step, "resumed", tag=self.latest, consumed_samples=st.consumed_samples, **note)
+        elif self.resume_note:
+            m.event(st.step, "start over", note=self.resume_note)
         elif dims.writer:
             print(
                 f"[train] {cfg.model.variant} model, TP={dims.tp} PP={dims.pp} DP={dims.dp}, ZeRO "
@@ -299,6 +370,32 @@ class Trainer:
         finally:  # every way out (the end, a stop, an exception, a lost peer): no worker left behind
             self.close_prefetch()
 
+    def save_or_defer(self, loss: float, valid: float | None, stop_reason: str | None) -> bool:
+        """Save when one is due (the interval, the last step, a stop) and the step is healthy (trainer/guard.py);
+        a save due at an unhealthy step waits for the next healthy one. The last step saves when its loss is finite
+        (a spike not yet confirmed is said); a non-finite last step or validation stops with exit 3. Returns whether
+        a checkpoint was saved."""
+        st, t, m = self.state, self.cfg.train, self.metrics
+        valid_ok = valid is None or is_finite(valid)
+        healthy = self.guard.healthy and valid_ok
+        final = st.step == t.steps
+        if final and (self.guard.bad_run or not valid_ok):
+            raise self.diverged(f"the last step is not finite (loss={loss}, validation loss={valid})")
+        due = self.save_due or st.step % self.cfg.checkpoint.save_interval == 0 or final or stop_reason is not None
+        if not due:
+            return False
+        if healthy or final:
+            if not healthy:
+                m.event(
+                    st.step, "warning", message=f"the last step is saved inside a suspected spike: {self.guard.why}"
+                )
+            self.save()
+            return True
+        self.save_due = True
+        why = self.guard.why if not self.guard.healthy else f"validation loss {valid}"
+        m.event(st.step, "save deferred", reason=why, latest=self.saved)
+        return False
+
     def run_steps(self) -> int:
         """The training steps from ``state.step`` to the end or an early stop; the exit code."""
         cfg, t, dims, m, st = self.cfg, self.cfg.train, self.dims, self.metrics, self.state
@@ -316,13 +413,20 @@ class Trainer:
             every = cfg.logging.geometry_interval
             if every and (st.step % every == 0 or st.step == t.steps):
                 self.log_geometry()
+            valid = None
             if t.eval_interval and (st.step % t.eval_interval == 0 or st.step == t.steps):
-                self.validate()
-            stop_reason = stop_requested(t, self.signals, st.step, self.t0, self.denv.device)
-            if st.step % cfg.checkpoint.save_interval == 0 or st.step == t.steps or stop_reason:
-                self.save()
+                valid = self.validate()
+            lost = self.locks is not None and self.locks.lost is not None
+            stop_reason = stop_requested(t, self.signals, st.step, self.t0, self.denv.device, lock_lost=lost)
+            if stop_reason == "lock lost":  # a stalled trainer whose run directory was taken over: no more writes
+                raise LockLost(
+                    f"{self.out_dir}: this trainer lost its run lock at step {st.step} (another trainer took the run "
+                    "directory over while this one was stalled); stopped without saving"
+                )
+            saved = self.save_or_defer(loss, valid, stop_reason)
             if stop_reason and st.step < t.steps:
-                m.event(st.step, "stopped", reason=stop_reason, exit_code=EXIT_REQUEUE)
+                # not saved (an unhealthy step): the next start resumes from the last good checkpoint
+                m.event(st.step, "stopped", reason=stop_reason, exit_code=EXIT_REQUEUE, saved=saved, latest=self.saved)
                 return EXIT_REQUEUE
         m.event(st.step, "finished", steps=t.steps)
         if dims.writer and m.tb is not None:

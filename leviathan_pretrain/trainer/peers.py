@@ -14,7 +14,8 @@ stay open, nothing crashes). The last two surface only as a collective timing ou
   connection names its peer) mapped to its ranks and host, and the ranks whose pulse is older than :data:`STALE`
   intervals. Reading the store happens in a thread given :data:`READ_S` seconds (a TCP connection into a cut
   network blocks regardless of the store's timeout); a store that does not answer (it lived on the lost node, or
-  this rank is the one cut off) is said as such.
+  this rank is the one cut off) is said as such, and one whose address refuses the connection (the process that
+  hosted it is gone: rank 0 under ``launchers/local.py`` or ``srun``) as gone, without c10d's retries.
 
 Nothing here waits on the training path: the main thread never touches the store, so no rank waits longer than
 the collectives' own timeouts. This is a diagnosis, not a watchdog (nothing is killed here): the bound is
@@ -39,6 +40,7 @@ ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
 PULSE_S = 5.0  # seconds between a rank's pulses (at most; a sixth of parallel.timeout_minutes when that is shorter)
 STALE = 3  # a pulse older than this many intervals: the rank is not answering
 READ_S = 5.0  # the diagnosis waits this long for the store
+PROBE_S = 0.2  # a connection to the store that stays silent this long: its process lives
 SHOWN = 8  # ranks named in a message at most
 CURRENT: "Peers | None" = None  # this process's table, for the fault handler (set by record_peers)
 
@@ -56,6 +58,35 @@ def _store_client(timeout_s: float):
     if not host or not port:
         return None
     return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class StoreGone(RuntimeError):
+    """Nothing listens at the job's store's address: the process (or node) that hosted it is gone."""
+
+
+def _probe(timeout_s: float) -> None:
+    """A plain TCP connection to the job's store first: :class:`StoreGone` when it is refused or reset within
+    :data:`PROBE_S` (the process hosting it is exiting: its listening socket may outlive the peer's connection by
+    a moment), ``OSError`` when it fails otherwise (a timeout: a cut network). c10d's own client would retry until
+    its timeout and print a C++ stack trace per try; its server takes a silent connection, closed, silently."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return
+    gone = StoreGone(f"nothing listens at {host}:{port}")
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except ConnectionRefusedError:
+        raise gone from None
+    with conn:
+        conn.settimeout(PROBE_S)
+        try:
+            said = conn.recv(1)
+        except TimeoutError:  # silence: a live store waits for its client's request
+            return
+        except ConnectionResetError:
+            raise gone from None
+    if said == b"":
+        raise gone
 
 
 def _bounded(fn, seconds: float):
@@ -131,6 +162,7 @@ class Peers:
 
     def pulses(self) -> dict[int, tuple[int, float]]:
         """Every other rank's last pulse ``{rank: (step, unix time)}`` (a rank that never pulsed is absent)."""
+        _probe(READ_S)
         store = _store_client(READ_S)
         if store is None:
             raise RuntimeError("no MASTER_ADDR/MASTER_PORT: no job store")
@@ -145,6 +177,8 @@ class Peers:
     def silent(self) -> tuple[list[int], str]:
         """``(ranks, detail)``: the ranks whose pulse is older than :data:`STALE` intervals (or missing)."""
         beats, why = _bounded(self.pulses, READ_S)
+        if beats is None and why.startswith("nothing listens"):  # refused: the store's host answered, so not cut off
+            return [], f"the job's store is gone too ({why}: it went with the process that hosted it)"
         if beats is None:
             return [], f"the job's store did not answer ({why}): this rank may be the one cut off"
         now = time.time()

@@ -1,8 +1,8 @@
 """Test-only fault injection, installed from test workers (never from product code).
 
-:func:`nan_loss`: the training loss of the given steps becomes NaN (on one rank, or on every rank), through the
-two places a loss is made: ``ModelEngine._loss`` (PP = 1) and ``PipeLoss`` (the pipeline engine). Validation
-losses are never touched (the flag is on only inside ``Trainer.train_step``).
+:func:`nan_loss`: the training loss of the given steps becomes NaN, or a multiple of itself (a spike), on one rank
+or on every rank, through the two places a loss is made: ``ModelEngine._loss`` (PP = 1) and ``PipeLoss`` (the
+pipeline engine). Validation losses are never touched (the flag is on only inside ``Trainer.train_step``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import os
 
 from leviathan_pretrain.trainer import engine, loop, pipe
 
-_ACTIVE = {"on": False, "steps": frozenset(), "rank": None}
+_ACTIVE = {"on": False, "steps": frozenset(), "rank": None, "factor": float("nan")}
 
 
 def _poison(loss):
-    return loss * float("nan") if _ACTIVE["on"] else loss
+    return loss * _ACTIVE["factor"] if _ACTIVE["on"] else loss
 
 
 def _install() -> None:
@@ -37,7 +37,8 @@ def _install() -> None:
     loop.Trainer._nan_injection = True
 
 
-def nan_loss(steps, rank: int | None = None) -> None:
-    """Make the loss of ``steps`` NaN on ``rank`` (every rank when None) for the runs that follow."""
+def nan_loss(steps, rank: int | None = None, factor: float = float("nan")) -> None:
+    """Make the loss of ``steps`` NaN on ``rank`` (every rank when None) for the runs that follow; with ``factor``
+    a number, that many times itself instead (a loss spike, gradients scaled alike)."""
     _install()
-    _ACTIVE.update(steps=frozenset(int(s) for s in steps), rank=rank)
+    _ACTIVE.update(steps=frozenset(int(s) for s in steps), rank=rank, factor=factor)

@@ -130,7 +130,7 @@ def single_process_runs() -> dict:
                 **spec(
                     "nan_skip",
                     "train.steps=8",
-                    "train.eval_interval=0",
+                    "train.eval_interval=1",
                     "train.max_bad_steps=3",
                     "parallel.zero_stage=0",
                     "logging.log_interval=1",

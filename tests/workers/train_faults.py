@@ -16,6 +16,11 @@ Run as ``python tests/workers/train_faults.py --config ... key=value ...`` (dire
   ``DIR/fsync-rank<R>.txt`` (which rank flushes which checkpoint file).
 - ``LEV_TEST_NAN_STEPS=3,4,5`` (+ ``LEV_TEST_NAN_RANK=R``): those steps' training loss is NaN
   (:func:`tests.workers.inject.nan_loss`).
+- ``LEV_TEST_FILL_DISK_AT_SAVE_STEP=N`` + ``LEV_TEST_FILL_FILE=PATH``: rank 0 fills the file system of ``PATH`` (a
+  small tmpfs the test mounted as the checkpoint directory) by writing ``PATH`` until ``ENOSPC``, right after it
+  created step N's checkpoint folder (``checkpoint._begin``) and before any rank writes a file of it.
+- ``LEV_TEST_KILL_BEFORE_LATEST_STEP=N``: rank 0 SIGKILLs itself when ``checkpoint._atomic_write`` is about to
+  replace ``latest`` with step N's tag (``leviathan.json`` written); rank 1 waits in the save's last barrier.
 """
 
 import io
@@ -100,10 +105,10 @@ if stall_rank is not None and int(stall_rank) == RANK:
 
     _vote, stall_step = loop.stop_requested, int(os.environ["LEV_TEST_STALL_STEP"])
 
-    def stop_requested(t, signals, step, t0, device):
+    def stop_requested(t, signals, step, t0, device, **kw):
         if step == stall_step:
             os.kill(os.getpid(), signal.SIGSTOP)
-        return _vote(t, signals, step, t0, device)
+        return _vote(t, signals, step, t0, device, **kw)
 
     loop.stop_requested = stop_requested
 
@@ -124,6 +129,36 @@ if fsync_dir:
 if os.environ.get("LEV_TEST_NAN_STEPS"):
     rank = os.environ.get("LEV_TEST_NAN_RANK")
     nan_loss(os.environ["LEV_TEST_NAN_STEPS"].split(","), None if rank is None else int(rank))
+
+fill_step = os.environ.get("LEV_TEST_FILL_DISK_AT_SAVE_STEP")
+if fill_step and RANK == 0:
+    _begin, filler = ckpt._begin, Path(os.environ["LEV_TEST_FILL_FILE"])
+
+    def begin(ckpt_dir, tag, step):
+        mark = _begin(ckpt_dir, tag, step)
+        if step == int(fill_step):
+            chunk = b"\0" * (1 << 20)
+            with open(filler, "ab", buffering=0) as f:
+                while chunk:
+                    try:
+                        f.write(chunk)
+                    except OSError:  # ENOSPC: the last pages in ever smaller pieces, then nothing is left
+                        chunk = chunk[: len(chunk) // 2]
+            print(f"[test] filled {filler.parent} before saving step {step}", flush=True)
+        return mark
+
+    ckpt._begin = begin
+
+kill_latest_step = os.environ.get("LEV_TEST_KILL_BEFORE_LATEST_STEP")
+if kill_latest_step and RANK == 0:
+    _atomic_write = ckpt._atomic_write
+
+    def atomic_write(path, text):
+        if Path(path).name == ckpt.LATEST and text == ckpt.tag_for(int(kill_latest_step)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _atomic_write(path, text)
+
+    ckpt._atomic_write = atomic_write
 
 from leviathan_pretrain.train import main  # noqa: E402
 

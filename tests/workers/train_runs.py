@@ -1,11 +1,13 @@
 """Worker: several training runs in one launch (each process pays its ~5-8 s of imports once).
 
 ``python tests/workers/train_runs.py SPEC.json`` where SPEC is ``[{"name": ..., "config": path|null,
-"overrides": [...], "nan_steps": [...], "nan_rank": int|null}, ...]`` (``nan_*``: test-only NaN losses,
-:mod:`tests.workers.inject`). Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code
-behind ``python -m leviathan_pretrain.train``), printing ``RESULT {"name", "rank", "code"}`` per run;
+"overrides": [...], "nan_steps": [...], "nan_rank": int|null, "spike_steps": [...], "spike_factor": x}, ...]``
+(``nan_*``: test-only NaN losses; ``spike_*``: losses times ``spike_factor`` instead, :mod:`tests.workers.inject`).
+Runs them in order through ``leviathan_pretrain.trainer.loop.run`` (the code behind
+``python -m leviathan_pretrain.train``), printing ``RESULT {"name", "rank", "code"}`` per run;
 a run that raises records the error type and message instead; the launch goes on after the errors every
-rank raises alike (config, shard, checkpoint errors) and stops after any other (ranks may be out of step).
+rank raises alike (config, shard, checkpoint errors, a divergence) and stops after any other (ranks may be out of
+step).
 """
 
 import json
@@ -41,10 +43,13 @@ def run_spec(spec: dict) -> dict:
 def main(spec_path: str) -> None:
     specs = json.loads(open(spec_path).read())
     for spec in specs:
-        nan_loss(spec.get("nan_steps", ()), spec.get("nan_rank"))
+        if spec.get("spike_steps"):
+            nan_loss(spec["spike_steps"], spec.get("nan_rank"), factor=float(spec.get("spike_factor", 10)))
+        else:
+            nan_loss(spec.get("nan_steps", ()), spec.get("nan_rank"))
         out = run_spec(spec)
         print("RESULT " + json.dumps(out), flush=True)
-        if out["code"] is None and out["error"] not in ("ConfigError", "ShardError", "CheckpointError"):
+        if out["code"] is None and out["error"] not in ("ConfigError", "ShardError", "CheckpointError", "Diverged"):
             # the other ranks may be waiting in a collective: stop this launch instead of hanging it
             sys.stdout.flush()
             os._exit(1)
