@@ -50,6 +50,7 @@ def trials():
     specs.append(spec(names["truncated_fallback"], *BASE, "checkpoint.fallback=true"))
     spike = ("train.steps=12", "train.spike_window=3", "train.spike_patience=2")
     specs.append({**spec("safety_spike", *BASE, *spike), "spike_steps": [7, 8, 9], "spike_factor": 10})
+    specs.append({**spec("safety_nan_last", *BASE), "nan_steps": [8]})  # the last step's loss NaN
     specs.append(spec(names["diverge"], *BASE, "train.steps=20", "optim.lr=1e6"))  # last: ends the launch's use
     second = launch("safety_second", specs, nprocs=2)
     return {"names": names, "first": first, "second": second}
@@ -127,6 +128,19 @@ def test_a_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(trials):
     assert (ck / "latest").read_text() == "global_step4" and "latest names global_step4" in msg
     assert ckpt.complete_tags(ck) == ["global_step2", "global_step4", "global_step6"]  # nothing pruned, nothing after
     assert "(global_step6, saved just before the first unhealthy step, is kept but not named)" in msg
+
+
+@pytest.mark.multiproc
+def test_a_non_finite_last_step_never_reports_finished(trials):
+    """The last step skipped as non-finite (one NaN, below train.max_bad_steps): before, the run saved it, reported
+    ``finished`` and exited 0; now it stops with exit 3 (Diverged on every rank), nothing saved at step 8."""
+    errors = trials["second"]["errors"]["safety_nan_last"]
+    assert set(errors.values()) == {errors[0]}, errors
+    assert errors[0].startswith("Diverged: stopped at step 8: the last step is not finite (loss=nan")
+    assert "latest names global_step6" in errors[0]
+    assert not events("safety_nan_last", "finished")
+    ck = _ck("safety_nan_last")
+    assert (ck / "latest").read_text() == "global_step6" and "global_step8" not in ckpt.complete_tags(ck)
 
 
 @pytest.mark.multiproc
