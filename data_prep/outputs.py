@@ -49,6 +49,12 @@ class _Merged:
     tokens: int
 
 
+def plain_text_hint(skipped: dict, records: int) -> str:
+    """The fix when most records were skipped as invalid JSON (plain text read as jsonl), else ""."""
+    bad = int(skipped.get("invalid_json", 0))
+    return "the input looks like plain text: add --format text" if bad and 2 * bad > records else ""
+
+
 def finalize(job: Job, metas: list, t_start: float) -> Manifest:
     """Merge the parts (``metas``: their part.json records, in input order) into the final prefix(es), write the
     manifest, publish, clean up."""
@@ -56,10 +62,13 @@ def finalize(job: Job, metas: list, t_start: float) -> Manifest:
     shutil.rmtree(merged, ignore_errors=True)
     merged.mkdir(parents=True)
     if not any(m["shards"] for m in metas):
+        skipped = sum_counts(m["skipped"] for m in metas)
+        hint = plain_text_hint(skipped, sum(m["records"] for m in metas))
         raise UserError(
             "no documents to write: every record was skipped or filtered out "
-            f"(skipped: {sum_counts(m['skipped'] for m in metas)}, "
-            f"filtered: {sum_counts(m['filtered_sets'] for m in metas)})"
+            f"(skipped: {skipped}, filtered: {sum_counts(m['filtered_sets'] for m in metas)}); "
+            f"kept the work dir {job.work_dir}/ for a resume (a successful run removes it)"
+            + ("; " + hint if hint else "")
         )
     outputs = _merge_parts(job, metas, merged)
     total_counts = _total_counts(job, outputs, merged)

@@ -26,7 +26,7 @@ from data_prep.cli import UserError, human_bytes, log, set_log_prefix
 from data_prep.comm import LocalComm, MpiComm, RanksFailed
 from data_prep.exit_codes import EXIT_BAD_INPUT
 from data_prep.manifest import Manifest
-from data_prep.outputs import existing_outputs
+from data_prep.outputs import existing_outputs, plain_text_hint
 from data_prep.parts import Job
 from data_prep.runner import run_job
 from data_prep.shards import choose_dtype
@@ -260,6 +260,9 @@ def summary(m: Manifest) -> str:
         + (f"; filtered by set: {m.filtered_sets}" if m.filtered_sets else "")
     )
     lines.append(f"manifest: {m.manifest}")
+    hint = plain_text_hint(m.skipped, m.records)
+    if hint:
+        lines.append(f"warning: {sum(m.skipped.values()):,} of {m.records:,} records skipped: {hint}")
     return "\n".join(lines)
 
 

@@ -6,13 +6,17 @@ Generic machinery only (no project fields): :mod:`leviathan_pretrain.config` dec
   to itself, that it extends: mappings merge recursively, anything else replaces), applies
   overrides such as ``model.lev.heads=16`` or ``data.prefixes=[a,b]`` (values parsed as YAML),
   checks every key and type against the dataclasses, and calls each dataclass's ``validate()``.
-- Every error is a :class:`ConfigError` that names the file and the dotted key.
+- Every error is a :class:`ConfigError` that names the dotted key and where it came from: the file, or
+  ``command line (key=value)`` when an override set that key; an unknown key gets a "did you mean" (at
+  its level, or the same name in another section, e.g. ``train.keep_last`` -> ``checkpoint.keep_last``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -23,6 +27,55 @@ import yaml
 
 class ConfigError(ValueError):
     """A config value is missing, unknown, of the wrong type or inconsistent; names the key."""
+
+
+class UnknownKeyError(ConfigError):
+    """Keys that no dataclass field names: ``unknown`` (full dotted), ``valid`` (the field names at that level)."""
+
+    def __init__(self, unknown: list[str], valid: list[str], prefix: str, all_keys: list[str] = ()):
+        self.unknown, self.valid, self.prefix = unknown, valid, prefix
+        super().__init__(unknown_key_message(unknown, valid, prefix, all_keys))
+
+
+def schema_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of dataclass ``cls`` (sections too), through ``X | None`` fields."""
+    out = []
+    for name, tp in typing.get_type_hints(cls).items():
+        key = f"{prefix}.{name}" if prefix else name
+        out.append(key)
+        for t in (tp, *typing.get_args(tp)):
+            if dataclasses.is_dataclass(t):
+                out += schema_keys(t, key)
+                break
+    return out
+
+
+def suggest(key: str, valid: list[str], all_keys: list[str] = ()) -> list[str]:
+    """Close matches for unknown dotted ``key``: the same name in another section first, then a close name at
+    its level, then a close name anywhere."""
+    head, _, name = key.rpartition(".")
+    same = [k for k in all_keys if k.rpartition(".")[2] == name and k != key]
+    if same:
+        return same[:2]
+    where = f"{head}." if head else ""
+    local = difflib.get_close_matches(name, valid, n=2, cutoff=0.6)
+    if local:
+        return [where + m for m in local]
+    leaves: dict[str, list[str]] = {}
+    for k in all_keys:
+        leaves.setdefault(k.rpartition(".")[2], []).append(k)
+    return [k for m in difflib.get_close_matches(name, list(leaves), n=2, cutoff=0.75) for k in leaves[m]][:2]
+
+
+def unknown_key_message(unknown: list[str], valid: list[str], prefix: str, all_keys: list[str] = ()) -> str:
+    parts = []
+    for u in unknown:
+        hints = suggest(u, valid, all_keys)
+        parts.append(f"{u} (did you mean {' or '.join(hints)}?)" if hints else u)
+    noun = "key" if len(unknown) == 1 else "keys"
+    return f"unknown config {noun} {', '.join(parts)}; valid keys {f'in {prefix}' if prefix else 'here'}: " + (
+        ", ".join(sorted(valid))
+    )
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -94,8 +147,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             try:
                 return _coerce(value, a, key)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches none of {tp}")
+                errors.append(e)
+        if len(errors) == 1:
+            raise errors[0]  # its own type (an UnknownKeyError stays one)
+        raise ConfigError(f"{key}: {value!r} matches none of {tp}")
     if origin in (list, tuple):
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             value = [value]  # a single value where a list is expected
@@ -161,10 +216,7 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise ConfigError(
-            f"unknown config key(s) {', '.join(where + u for u in unknown)}; "
-            f"valid keys here: {', '.join(sorted(fields))}"
-        )
+        raise UnknownKeyError([where + str(u) for u in unknown], sorted(fields), prefix)
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _coerce(value, hints[name], f"{prefix}.{name}" if prefix else name)
@@ -181,21 +233,52 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
         obj.validate(prefix)
 
 
-def apply_overrides(data: dict, overrides: list[str] | tuple) -> None:
-    """Set each dotted ``key=value`` of ``overrides`` in the plain tree ``data``, in order."""
+def apply_overrides(data: dict, overrides: list[str] | tuple) -> dict[str, str]:
+    """Set each dotted ``key=value`` of ``overrides`` in the plain tree ``data``, in order; returns
+    ``{dotted key: override text}`` (the last override of each key)."""
+    origins = {}
     for text in overrides:
         keys, value = parse_override(text)
         set_dotted(data, keys, value)
+        origins[".".join(keys)] = text.strip()
+    return origins
+
+
+_KEY = re.compile(r"(?:unknown config keys? )?([A-Za-z_][\w.\[\]]*)[:;( ]")
+
+
+def origin_of(e: ConfigError, origins: dict[str, str]) -> str | None:
+    """The override text that set the key ``e`` names (or a section above it, or a key below an unknown one),
+    None when the key came from the file."""
+    if isinstance(e, UnknownKeyError):
+        keys = e.unknown
+    else:
+        m = _KEY.match(str(e))
+        keys = [re.sub(r"\[\d+\]", "", m.group(1))] if m else []
+    hits = [
+        text
+        for o, text in origins.items()
+        for k in keys
+        if k == o or k.startswith(o + ".") or (isinstance(e, UnknownKeyError) and o.startswith(k + "."))
+    ]
+    return hits[-1] if hits else None
 
 
 def load(cls: type, path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Any:
+    """Read ``path``, apply ``overrides``, build and validate ``cls``; a :class:`ConfigError` is prefixed with
+    where its key came from: ``command line (key=value)`` or the file."""
     data: dict = read_yaml(path) if path is not None else {}
-    apply_overrides(data, overrides)
+    origins = apply_overrides(data, overrides)
     try:
         cfg = build(cls, data)
         validate_tree(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+        msg = str(e)
+        if isinstance(e, UnknownKeyError):
+            msg = unknown_key_message(e.unknown, e.valid, e.prefix, schema_keys(cls))
+        text = origin_of(e, origins)
+        where = f"command line ({text})" if text is not None else path
+        raise ConfigError(f"{where}: {msg}" if where is not None else msg) from None
     return cfg
 
 

@@ -7,7 +7,8 @@
    (``launchers/local.py``), with periodic validation and checkpoints, for a few minutes.
 3. Evaluates the trained checkpoint (``python -m leviathan_pretrain.evaluate``: validation perplexity, perplexity
    by training frequency, and zero-shot WikiText-103 word perplexity when ``--wikitext`` names the raw test
-   file) and exports it as a Hugging Face Llama model (``python -m leviathan_pretrain.export_hf``).
+   file) and exports it as a Hugging Face Llama model (``python -m leviathan_pretrain.export_hf``); each is
+   skipped, and said so, when its output for the latest checkpoint is already there.
 4. Prints where the checkpoints, TensorBoard logs, evaluation report and export are.
 
 Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--overwrite``
@@ -17,6 +18,7 @@ starts the training over. Exit code: the trainer's (0 done; 75 stopped early wit
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,6 @@ from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.tokenizer import open_cached
 
 REPO = Path(__file__).resolve().parents[1]
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"  # where this project's machines keep it
 DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --overwrite deletes)
 
 
@@ -59,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--wikitext",
-        default=str(WIKITEXT) if WIKITEXT.is_file() else None,
-        help="WikiText-103 raw test file for the zero-shot evaluation (default: ../shared/data/wikitext-103-test.raw "
-        "when it exists; else skipped)",
+        default=None,
+        metavar="PATH",
+        help="WikiText-103's raw test file (wiki.test.raw) for a zero-shot word perplexity too (default: none; the "
+        "demo's model is trained on Python sources, so expect a very high figure on English prose)",
     )
     ap.add_argument("--no-eval", action="store_true", help="stop after training (no evaluation, no export)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
@@ -194,8 +196,26 @@ def trainer_command(req: Request, data: Data) -> list[str]:
     return [*launcher, "-m", "leviathan_pretrain.train", "--config", req.config, *overrides]
 
 
+def training_complete(req: Request) -> str | None:
+    """The latest checkpoint's tag when the run already reached ``--steps`` with this request's settings (no
+    overrides that could change it): then the trainer need not start (it would say "already complete")."""
+    ck = RunLayout(req.run_dir).checkpoints
+    try:
+        tag = (ck / "latest").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    record = _read_json(ck / tag / "leviathan.json") if tag else {}
+    steps = ((record.get("config") or {}).get("train") or {}).get("steps")
+    done = not req.overrides and not req.overwrite and record.get("step") == steps == req.steps
+    return tag if done else None
+
+
 def train(req: Request, data: Data) -> int:
     """Step 2: the trainer on ``--nprocs`` local processes; its exit code."""
+    tag = training_complete(req)
+    if tag is not None:
+        print(f"[demo] training is up to date: {tag} is step {req.steps} of {req.steps} (--overwrite trains again)")
+        return 0
     cmd = trainer_command(req, data)
     print(
         f"[demo] training the tiny-cpu LEV model on {req.nprocs} local processes (TP={req.nprocs}):\n"
@@ -233,26 +253,61 @@ def print_results(run_dir: Path, rc: int) -> None:
         print(f"[demo] error: training failed (exit {rc})", file=sys.stderr)
 
 
-def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> int:
-    """Steps 3-4: the user's commands, as subprocesses."""
-    cmd = [sys.executable, "-m", "leviathan_pretrain.evaluate", "--run", str(run_dir)]
-    cmd += ["--wikitext", wikitext] if wikitext else []
-    print(f"[demo] evaluating: {' '.join(cmd[1:])}", flush=True)
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def report_up_to_date(run_dir: Path, tag: str, wikitext: str | None) -> bool:
+    """Whether ``eval/<tag>.json`` already holds what this evaluation would write: the same checkpoint, and a
+    WikiText result when one is asked for (one there already is kept when none is)."""
+    report = _read_json(RunLayout(run_dir).report(tag))
+    return report.get("tag") == tag and (not wikitext or bool(report.get("wikitext")))
+
+
+def export_up_to_date(run_dir: Path, hf_dir: Path, tag: str) -> bool:
+    """Whether ``hf_dir`` holds our export of checkpoint ``tag`` of this run."""
+    mark = _read_json(hf_dir / "leviathan_export.json")
+    same_run = mark.get("source_run") and Path(mark["source_run"]).resolve() == Path(run_dir).resolve()
+    return bool(same_run) and mark.get("tag") == tag and (hf_dir / "config.json").is_file()
+
+
+def _run_step(what: str, cmd: list[str], up_to_date: str | None) -> int:
+    """One of the user's commands as a subprocess (``what``: evaluation, export), or, when ``up_to_date`` says why
+    its output is already there, nothing but that line; the exit code."""
+    if up_to_date:
+        print(f"[demo] {up_to_date}")
+        return 0
+    print(f"[demo] {'evaluating' if what == 'evaluation' else 'exporting'}: {' '.join(cmd[1:])}", flush=True)
     rc = subprocess.call(cmd, cwd=REPO)
     if rc != 0:
-        print(f"[demo] error: evaluation failed (exit {rc})", file=sys.stderr)
+        print(f"[demo] error: {what} failed (exit {rc})", file=sys.stderr)
+    return rc
+
+
+def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> int:
+    """Steps 3-4: the user's commands, as subprocesses; each skipped, and said so, when its output is already there
+    for this checkpoint (a second ``make demo`` does nothing)."""
+    layout = RunLayout(run_dir)
+    tag = (layout.checkpoints / "latest").read_text().strip()
+    cmd = [sys.executable, "-m", "leviathan_pretrain.evaluate", "--run", str(run_dir)]
+    cmd += ["--wikitext", wikitext] if wikitext else []
+    fresh = report_up_to_date(run_dir, tag, wikitext)
+    done = f"evaluation of {tag} is up to date: {layout.report(tag)} (delete it to evaluate again)" if fresh else None
+    rc = _run_step("evaluation", cmd, done)
+    if rc != 0:
         return rc
-    if not wikitext:
+    if not _read_json(layout.report(tag)).get("wikitext"):
         print("[demo] (no WikiText file: give --wikitext PATH/wiki.test.raw for the zero-shot word perplexity)")
     cmd = [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", str(run_dir), "--out", str(hf_dir)]
     cmd += ["--overwrite"] if (hf_dir / "leviathan_export.json").is_file() else []  # only our own earlier export
-    print(f"[demo] exporting: {' '.join(cmd[1:])}", flush=True)
-    rc = subprocess.call(cmd, cwd=REPO)
+    done = f"export of {tag} is up to date: {hf_dir}" if export_up_to_date(run_dir, hf_dir, tag) else None
+    rc = _run_step("export", cmd, done)
     if rc != 0:
-        print(f"[demo] error: export failed (exit {rc})", file=sys.stderr)
         return rc
-    layout = RunLayout(run_dir)
-    tag = (layout.checkpoints / "latest").read_text().strip()
     print(f"[demo] evaluation report: {layout.report(tag)} (eval/ scalars in TensorBoard too)")
     print(f"[demo] Hugging Face model: {hf_dir}  (transformers: LlamaForCausalLM.from_pretrained({str(hf_dir)!r}))")
     return 0

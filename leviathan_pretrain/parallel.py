@@ -166,6 +166,21 @@ def check_gpu_only_options(pcfg: ParallelConfig, device: torch.device) -> None:
             raise ConfigError("parallel.backend: nccl needs CUDA; use gloo or auto on CPU")
 
 
+def launch_hint(world: int, model_parallel: int, argv: list[str] | None = None) -> str:
+    """What to type when ``world`` ranks cannot hold TP x PP = ``model_parallel``: one process gets the local
+    launcher's command line (this process's own arguments after ``--``), a launched job a rank count."""
+    ranks = -(-world // model_parallel) * model_parallel  # the next multiple of TP x PP
+    if world > 1:
+        return f"launch a multiple of {model_parallel} ranks, e.g. {ranks}"
+    import shlex
+    import sys
+
+    args = list(argv if argv is not None else sys.orig_argv[1:])
+    if "-m" not in args and not any(a.endswith(".py") for a in args):
+        args = ["-m", "leviathan_pretrain.train", "--config", "FILE", "key=value..."]  # not a python command line
+    return f"run {ranks} ranks: python launchers/local.py -n {ranks} -- {shlex.join(args)}"
+
+
 def init_distributed(pcfg: ParallelConfig) -> DistEnv:
     """Initialise torch.distributed and megatron-core's TP/PP/DP groups; idempotent (a call with another
     TP/PP layout rebuilds megatron-core's groups).
@@ -187,7 +202,7 @@ def init_distributed(pcfg: ParallelConfig) -> DistEnv:
     if world % model_parallel:
         raise ConfigError(
             f"parallel: world size {world} is not divisible by tensor_parallel x pipeline_parallel "
-            f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}"
+            f"= {pcfg.tensor_parallel} x {pcfg.pipeline_parallel}; {launch_hint(world, model_parallel)}"
         )
     if not dist.is_initialized():
         dist.init_process_group(

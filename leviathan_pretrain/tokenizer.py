@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 from data_prep.cli import UserError
 from data_prep.tokenizer import Tokenizer, open_tokenizer, resolve
 from leviathan_pretrain.configlib import ConfigError
 
-__all__ = ["Tokenizer", "open_cached", "open_data_tokenizer"]
+__all__ = ["Tokenizer", "config_spelling", "open_cached", "open_data_tokenizer"]
+
+_FLAG = "--tiktoken-pattern"
+
+
+def config_spelling(message: str) -> str:
+    """data_prep's tokenizer message with its ``--tiktoken-pattern`` flag spelled as the config key
+    (``data.tiktoken_pattern=NAME``), for the trainer's and evaluation's errors."""
+    message = re.sub(re.escape(_FLAG) + r" (?=['\"]|[a-z0-9]+(?:_base)?(?:\||$))", "data.tiktoken_pattern=", message)
+    return message.replace(_FLAG, "data.tiktoken_pattern")
 
 
 @functools.lru_cache(maxsize=8)
@@ -34,6 +44,6 @@ def open_data_tokenizer(data, key: str = "data.tokenizer") -> Tokenizer | None:
     try:
         return open_cached(data.tokenizer, data.tiktoken_pattern)
     except UserError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        raise ConfigError(f"{key}: {config_spelling(str(e))}") from None
     except OSError as e:
         raise ConfigError(f"{key}: {data.tokenizer}: {e.strerror}") from None

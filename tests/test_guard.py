@@ -219,7 +219,7 @@ def test_optim_lr_rejects_non_finite(value):
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG, [f"optim.lr={value}"])
     msg = str(e.value)
-    assert msg.startswith(f"{CONFIG}: optim.lr: expected a finite number, got ")
+    assert msg.startswith(f"command line (optim.lr={value}): optim.lr: expected a finite number, got ")
     assert "\n" not in msg
 
 

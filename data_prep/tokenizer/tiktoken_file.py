@@ -144,12 +144,12 @@ def _choose_spec(path: str, sha: str, pattern: str | None) -> tuple[str, dict | 
     if stem in ENCODINGS:
         raise UserError(
             f"{path}: named like tiktoken's {stem} but its sha256 {sha[:12]}... is not the published one "
-            f"({encoding_spec(stem)['sha256'][:12]}...): a different or damaged file; pass --tiktoken-pattern to use "
-            "it with a pattern anyway"
+            f"({encoding_spec(stem)['sha256'][:12]}...): a different or damaged file; to use it anyway: "
+            f"--tiktoken-pattern {stem.removesuffix('_base')}"
         )
     raise UserError(
         f"{path}: a tiktoken ranks file needs its split pattern: pass --tiktoken-pattern "
-        f"{' | '.join(e.removesuffix('_base') for e in ENCODINGS)} (config: data.tiktoken_pattern)"
+        f"{'|'.join(e.removesuffix('_base') for e in ENCODINGS)}"
     )
 
 

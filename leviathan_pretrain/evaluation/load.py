@@ -38,7 +38,7 @@ import torch
 
 from leviathan_pretrain.config import Config, ConfigError
 from leviathan_pretrain.configlib import build, validate_tree
-from leviathan_pretrain.rundir.layout import RunLayout
+from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.trainer.ckpt_names import (
     META,
     TAG_PREFIX,
@@ -97,8 +97,21 @@ def checkpoint_location(run_dir: str | os.PathLike, checkpoint_dir: str | os.Pat
         if not path.is_dir() and ((run / "latest").is_file() or any(run.glob(f"{TAG_PREFIX}*"))):
             path = run
     if not path.is_dir():
-        raise EvalError(f"{path}: no checkpoint directory (give --checkpoint-dir if the run used checkpoint.dir)")
+        runs = [] if checkpoint_dir is not None else runs_below(Path(run_dir))
+        raise EvalError(
+            f"{path}: no checkpoint directory (give --checkpoint-dir if the run used checkpoint.dir)"
+            + (f"; did you mean {' or '.join(f'--run {r}' for r in runs)}?" if runs else "")
+        )
     return path
+
+
+def runs_below(parent: Path, most: int = 3) -> list[Path]:
+    """The run directories (``is_run_dir``) directly in ``parent``, when there are 1 to ``most`` of them."""
+    try:
+        found = sorted(e for e in parent.iterdir() if e.is_dir() and is_run_dir(e))
+    except OSError:
+        return []
+    return found if len(found) <= most else []
 
 
 def select_tag(ckpt_dir: Path, step: int | None = None) -> str:
@@ -140,7 +153,7 @@ def check_tokenizer(
     kind; its fingerprint must equal the one recorded at training. None when neither is there (then only shard
     evaluation is possible)."""
     from data_prep.cli import UserError
-    from leviathan_pretrain.tokenizer import open_cached
+    from leviathan_pretrain.tokenizer import config_spelling, open_cached
 
     spec = str(tokenizer) if tokenizer else cfg.data.tokenizer
     if not spec:
@@ -150,7 +163,7 @@ def check_tokenizer(
     try:
         tok = open_cached(spec, cfg.data.tiktoken_pattern)
     except (UserError, OSError) as e:
-        raise EvalError(str(e)) from None
+        raise EvalError(config_spelling(str(e))) from None
     want = record.tokenizer_fp
     if want and tok.fingerprint != want:
         raise EvalError(

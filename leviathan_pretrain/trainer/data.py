@@ -239,12 +239,29 @@ def manifest_fingerprint(manifest: dict) -> str | None:
     return t.get("fingerprint") or t.get("sha256")
 
 
+def _is_shard(prefix: str) -> bool:
+    return all(Path(prefix + ext).is_file() for ext in (".idx", ".bin"))
+
+
+def check_suffixes(key: str, prefixes: list[str]) -> None:
+    """A ShardError ending with the corrected list when a prefix given as ``X.bin``/``X.idx`` names shard ``X``."""
+    for p in prefixes:
+        if p.endswith((".bin", ".idx")) and not _is_shard(p) and _is_shard(p[:-4]):
+            fixed = [q[:-4] if q.endswith((".bin", ".idx")) and _is_shard(q[:-4]) else q for q in prefixes]
+            raise ShardError(
+                f"data shard {p}: {p}.idx does not exist; {key} takes the prefix without .bin/.idx: "
+                f"{key}=[{','.join(fixed)}]"
+            )
+
+
 def check_data(cfg: Config, tok_fp: str | None = None) -> dict[str, ShardInfo]:
     """Every shard exists, is non-empty, fits the model's vocabulary, was written with ``data.tokenizer``
     (``tok_fp``: its fingerprint, computed here if not given), and every used split has tokens."""
     d = cfg.data
     if not d.prefixes:
         raise ConfigError("data.prefixes: no training shards given (a list of .bin/.idx prefixes)")
+    for key, given in (("data.prefixes", d.prefixes), ("data.valid_prefixes", d.valid_prefixes or [])):
+        check_suffixes(key, list(given))
     infos = {}
     tok_fp = tok_fp or tokenizer_identity(cfg)["fingerprint"]
     for p in list(d.prefixes) + list(d.valid_prefixes or []):
