@@ -57,13 +57,14 @@ from leviathan_pretrain.trainer.ckpt_names import (  # noqa: F401  (re-exported:
     TAG_PREFIX,
     checkpoint_dir,
     complete_tags,
+    is_ours,
     read_latest,
     step_of,
     tag_for,
 )
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
 from leviathan_pretrain.trainer.ckpt_resume import manifest
-from leviathan_pretrain.trainer.run_lock import proc_start
+from leviathan_pretrain.trainer.run_lock import proc_start, process_alive
 from leviathan_pretrain.trainer.safe_io import CheckpointError, SafeCheckpointEngine, safe_load, safe_save
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -73,10 +74,6 @@ from leviathan_pretrain.trainer.state import TrainState
 def _atomic_write(path: Path, text: str) -> None:
     with writing(path):  # a full disk, permissions: one line naming the file and the cause
         write_bytes_atomic(path, text.encode(), sync_dir=True)
-
-
-def _is_ours(d: Path) -> bool:
-    return (d / META).is_file() or (d / SAVING).is_file()
 
 
 def _empty_dir(d: Path) -> bool:
@@ -90,7 +87,7 @@ def foreign_tags(ckpt_dir: Path) -> list[str]:
     """``global_step*`` folders we did not write (neither ``leviathan.json`` nor our in-progress mark), empty ones
     aside (nothing in them to mix with: what an older version's pruning, killed at its end, left)."""
     return sorted(
-        d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and not _is_ours(d) and not _empty_dir(d)
+        d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and not is_ours(d) and not _empty_dir(d)
     )
 
 
@@ -134,16 +131,9 @@ def _writer_alive(d: Path) -> bool:
         mark = json.loads((d / SAVING).read_text() or "{}")
     except (OSError, ValueError):
         return False
-    if not isinstance(mark, dict) or mark.get("host") != socket.gethostname() or mark.get("pid") in (None, os.getpid()):
+    if not isinstance(mark, dict):
         return False
-    try:
-        os.kill(int(mark["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError, TypeError):
-        return isinstance(mark.get("pid"), int)
-    start = proc_start(int(mark["pid"]))
-    return not (mark.get("pid_start") and start and start != mark["pid_start"])  # else the pid was reused
+    return process_alive(mark.get("host"), mark.get("pid"), mark.get("pid_start")) is True
 
 
 def remove_incomplete(ckpt_dir: Path, keep: str | None = None) -> list[str]:
@@ -188,7 +178,7 @@ def _begin(ckpt_dir: Path, tag: str, step: int) -> str:
     if final.exists():
         if _empty_dir(final):
             final.rmdir()  # empty: nothing to lose
-        elif not _is_ours(final):
+        elif not is_ours(final):
             raise CheckpointError(f"{final} exists and was not written by leviathan_pretrain; left alone")
         else:
             _discard(final)  # our own leftover of this step (e.g. a re-run after a crash)

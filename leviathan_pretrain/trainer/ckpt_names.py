@@ -28,6 +28,11 @@ def step_of(tag: str) -> int | None:
     return int(rest) if rest.isdigit() else None
 
 
+def is_ours(d: Path) -> bool:
+    """Whether folder ``d`` was written by this trainer: committed (``leviathan.json``) or marked in progress."""
+    return (d / META).is_file() or (d / SAVING).is_file()
+
+
 def complete_tags(ckpt_dir: Path) -> list[str]:
     """The ``global_step<N>`` folders holding ``leviathan.json`` (committed checkpoints), oldest first."""
     tags = [d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and (d / META).is_file()]

@@ -40,6 +40,7 @@ from leviathan_pretrain.trainer.ckpt_names import (
     TAG_PREFIX,
     CheckpointError,
     complete_tags,
+    is_ours,
     step_of,
 )
 from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
@@ -110,10 +111,6 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def _ours(d: Path) -> bool:
-    return (d / META).is_file() or (d / SAVING).is_file()
-
-
 def move_aside(ckpt_dir: Path, tags: list[str], prefix: str) -> Path:
     """Move our checkpoint folders ``tags`` (and ``latest`` when ``prefix`` is ``replaced``) into a new folder
     ``<ckpt_dir>/<prefix>-<UTC time>/``; nothing is deleted. Returns the folder."""
@@ -124,7 +121,7 @@ def move_aside(ckpt_dir: Path, tags: list[str], prefix: str) -> Path:
         dest = Path(ckpt_dir) / f"{prefix}-{_stamp()}-{n}"
     dest.mkdir()
     for t in tags:
-        if _ours(Path(ckpt_dir) / t):
+        if is_ours(Path(ckpt_dir) / t):
             os.replace(Path(ckpt_dir) / t, dest / t)
     if prefix == "replaced" and (Path(ckpt_dir) / LATEST).exists():
         os.replace(Path(ckpt_dir) / LATEST, dest / LATEST)
@@ -132,7 +129,7 @@ def move_aside(ckpt_dir: Path, tags: list[str], prefix: str) -> Path:
 
 
 def _ours_all(ckpt_dir: Path) -> list[str]:
-    return sorted(d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and _ours(d))
+    return sorted(d.name for d in Path(ckpt_dir).glob(f"{TAG_PREFIX}*") if d.is_dir() and is_ours(d))
 
 
 def _applied(ckpt_dir: Path) -> dict:

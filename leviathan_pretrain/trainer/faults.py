@@ -36,10 +36,6 @@ class Diverged(RuntimeError):
     """The divergence guard stopped the run (trainer/guard.py): non-finite steps, a loss or gradient-norm spike."""
 
 
-def is_finite(x) -> bool:
-    return x is not None and math.isfinite(float(x))
-
-
 class StopSignals:
     """SIGTERM / SIGUSR1 set a flag; the loop finishes the step, agrees across ranks, checkpoints, exits 75."""
 

@@ -28,7 +28,7 @@ import math
 from collections import deque
 
 
-def _finite(x) -> bool:
+def is_finite(x) -> bool:
     return x is not None and math.isfinite(float(x))
 
 
@@ -55,7 +55,7 @@ class Guard:
                 f"loss {loss:.4g} above train.spike_factor={self.factor:g} x its running mean {mean:.4g} "
                 f"(last {len(self.losses)} healthy steps)"
             )
-        if self.gfactor and _finite(gnorm) and len(self.gnorms) == len(self.losses):
+        if self.gfactor and is_finite(gnorm) and len(self.gnorms) == len(self.losses):
             gmean = sum(self.gnorms) / len(self.gnorms)
             if gmean > 0 and gnorm > self.gfactor * gmean:
                 return (
@@ -66,7 +66,7 @@ class Guard:
 
     def update(self, step: int, consumed_before: int, applied: bool, loss, gnorm) -> str | None:
         """Record step ``step``'s outcome; returns why the run must stop (None: go on)."""
-        if not applied or not _finite(loss):
+        if not applied or not is_finite(loss):
             self.bad_run += 1  # the spike run goes on: a skipped step (no update) neither ends nor extends it
             self.why = f"step {step} skipped as non-finite (loss={loss}, grad_norm={gnorm})"
         else:
@@ -78,7 +78,7 @@ class Guard:
             else:
                 self.spike_run = 0
                 self.losses.append(float(loss))
-                if _finite(gnorm):
+                if is_finite(gnorm):
                     self.gnorms.append(float(gnorm))
         self.healthy = self.bad_run == 0 and self.spike_run == 0
         if self.healthy:

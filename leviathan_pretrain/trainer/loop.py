@@ -38,11 +38,10 @@ from leviathan_pretrain.trainer.faults import (
     EXIT_REQUEUE,
     Diverged,
     StopSignals,
-    is_finite,
     stop_requested,
 )
 from leviathan_pretrain.trainer.geometry_log import geometry_stats, id_groups
-from leviathan_pretrain.trainer.guard import Guard
+from leviathan_pretrain.trainer.guard import Guard, is_finite
 from leviathan_pretrain.trainer.metrics import (
     Metrics,
     check_tensorboard,

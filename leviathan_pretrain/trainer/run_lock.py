@@ -68,6 +68,24 @@ def proc_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[19]
 
 
+def process_alive(host: str | None, pid, pid_start: str | None) -> bool | None:
+    """Whether process ``pid`` (started at ``pid_start``, /proc's clock ticks, when known) still runs, when ``host``
+    is this host; None for another host (nothing here can tell). This very process counts as gone (what an earlier
+    run in it left), and so does a pid now held by a process started at another time (reused)."""
+    if host != socket.gethostname():
+        return None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, another user's
+    start = proc_start(pid)
+    return not (pid_start and start and start != pid_start)
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -116,18 +134,7 @@ class Holder:
 
     def alive_here(self) -> bool | None:
         """Whether the holder's process is alive, when it ran on this host; None for another host."""
-        if self.host != socket.gethostname():
-            return None
-        if self.pid == os.getpid():
-            return False  # this very process: a lease an earlier run in it failed to release
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # exists, another user's
-        start = proc_start(self.pid)
-        return not (self.pid_start and start and start != self.pid_start)  # the pid was reused
+        return process_alive(self.host, self.pid, self.pid_start)
 
 
 class RunLock:
