@@ -1,10 +1,15 @@
 # The two commands a new user runs (see README). Both are idempotent.
-.PHONY: setup demo test test-fast test-integration lint format clean-demo
+.PHONY: setup setup-runtime demo test test-fast test-integration lint format clean-demo
 
+# setup: everything (runtime + test extras, SLURM and munge for the tests); setup-runtime: what the demo and a user's
+# runs need, no test extras
 setup:
 	@bash scripts/setup.sh
 
-demo: setup
+setup-runtime:
+	@bash scripts/setup.sh --runtime
+
+demo: setup-runtime
 	@bash scripts/demo.sh
 
 # both tiers (tests/tiers.py): the fast in-process unit tests (about a minute), then the integration tests

@@ -39,6 +39,12 @@ def log(msg: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def per_file(i: int, n: int, first: int = 5) -> bool:
+    """Whether input file ``i`` of ``n`` gets its own log line: the first ``first``, then about every tenth of the
+    rest, and the last (a folder of thousands of files does not flood the terminal; the summary counts them all)."""
+    return i < first or i == n - 1 or (i + 1) % max(1, n // 10) == 0
+
+
 def run_main(main, argv=None) -> int:
     """Run ``main(argv)``; :class:`UserError` and Ctrl-C become a one-line message and exit code
     (:func:`data_prep.options.run_main`)."""

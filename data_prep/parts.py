@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import __version__
-from data_prep.cli import log
+from data_prep.cli import log, per_file
 from data_prep.fileio import sha256_file, write_json_atomic
 from data_prep.pipeline import FileTokenizer
 from data_prep.tokenizer import Tokenizer
@@ -117,5 +117,7 @@ def run_part(job: Job, i: int, progress=None) -> dict:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     meta["reused"] = False
-    log(f"done {path}: {meta['documents']:,} docs, {meta['tokens']:,} tokens in {meta['elapsed_s']:.1f} s")
+    if per_file(i, len(job.inputs)):
+        counts = f"{meta['documents']:,} docs, {meta['tokens']:,} tokens in {meta['elapsed_s']:.1f} s"
+        log(f"done {path} ({i + 1}/{len(job.inputs)}): {counts}")
     return meta

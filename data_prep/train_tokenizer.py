@@ -45,7 +45,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from data_prep import options as cli
-from data_prep.cli import UserError, human_bytes, log, run_main, set_log_prefix
+from data_prep.cli import UserError, human_bytes, log, per_file, run_main, set_log_prefix
 from data_prep.fileio import write_bytes_atomic, write_json_atomic
 from data_prep.sources import NO_SET, PRESETS, FileReader, SetFilter, expand_inputs, make_set_filter
 
@@ -250,7 +250,8 @@ def draw_sample(opts: TokenizerTrainingOptions) -> Sample:
                 "filtered_sets": dict(st.filtered),
             }
         )
-        log(f"read {path}: {st.documents:,} docs (sample so far {human_bytes(res.bytes)})")
+        if per_file(fi, len(inputs)):
+            log(f"read {path} ({fi + 1}/{len(inputs)}): {st.documents:,} docs (sample so far {human_bytes(res.bytes)})")
     sample = Sample(res, res.sample(), in_meta, skipped, sf)
     if not sample.docs:
         raise UserError("no usable documents in the inputs (all skipped or filtered)")

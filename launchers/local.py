@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+from data_prep.exit_codes import EXIT_REQUEUE
 from leviathan_pretrain.ports import free_port  # torch-free: the launcher starts in milliseconds
 
 
@@ -92,8 +93,12 @@ class Launcher:
                     rc = p.poll()
                     if rc not in (None, 0) and first_fail is None:
                         first_fail, fail_time = rank, time.monotonic()
+                        stopped = exit_code(rc) == EXIT_REQUEUE  # a clean stop with a checkpoint (Ctrl-C, SIGTERM)
                         print(
-                            f"[launcher] rank {rank} exited with code {exit_code(rc)}; stopping the others "
+                            f"[launcher] rank {rank} stopped with a checkpoint (exit {EXIT_REQUEUE}: run the same "
+                            "command to resume); waiting for the others"
+                            if stopped
+                            else f"[launcher] rank {rank} exited with code {exit_code(rc)}; stopping the others "
                             f"within {self.grace:.0f} s",
                             file=sys.stderr,
                             flush=True,

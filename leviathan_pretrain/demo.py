@@ -5,11 +5,13 @@
    already done are reused).
 2. Trains the ``tiny-cpu`` LEV model on 2 local processes with tensor parallelism 2
    (``launchers/local.py``), with periodic validation and checkpoints, for a few minutes.
-3. Evaluates the trained checkpoint (``python -m leviathan_pretrain.evaluate``: validation perplexity, perplexity
-   by training frequency, and zero-shot WikiText-103 word perplexity when ``--wikitext`` names the raw test
-   file) and exports it as a Hugging Face Llama model (``python -m leviathan_pretrain.export_hf``); each is
-   skipped, and said so, when its output for the latest checkpoint is already there.
-4. Prints where the checkpoints, TensorBoard logs, evaluation report and export are.
+3. Evaluates the trained checkpoint (``python -m leviathan_pretrain.evaluate`` on the same local processes,
+   data-parallel: validation perplexity, perplexity by training frequency, and zero-shot WikiText-103 word
+   perplexity when ``--wikitext`` names the raw test file) and exports it as a Hugging Face Llama model
+   (``python -m leviathan_pretrain.export_hf``); each is skipped, and said so, when its output for the latest
+   checkpoint is already there.
+4. Prints where the checkpoints, TensorBoard logs, evaluation report and export are, what the figures mean, and how
+   long each step took.
 
 Re-running continues from the last checkpoint (and does nothing once the run is complete); ``--overwrite``
 starts the training over. Exit code: the trainer's (0 done; 75 stopped early with a checkpoint: re-run).
@@ -22,7 +24,8 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_prep import options as cli
@@ -68,6 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-eval", action="store_true", help="stop after training (no evaluation, no export)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="more trainer overrides")
     return ap
+
+
+@dataclass
+class Clock:
+    """Wall-clock seconds per step of the demo, printed at its end (set-up, run by ``make``, is not counted)."""
+
+    t0: float = field(default_factory=time.monotonic)
+    steps: dict = field(default_factory=dict)
+
+    def lap(self, step: str, since: float) -> float:
+        now = time.monotonic()
+        self.steps[step] = self.steps.get(step, 0.0) + now - since
+        return now
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{k} {_mmss(v)}" for k, v in self.steps.items())
+        return f"[demo] done in {_mmss(time.monotonic() - self.t0)} (after set-up; {parts})"
+
+
+def _mmss(seconds: float) -> str:
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
 class DemoError(Exception):
@@ -126,17 +153,23 @@ def parse(argv=None) -> Request:
 
 def main(argv=None) -> int:
     req = parse(argv)
+    clock = Clock()
     try:
         data = prepare_data(req)
         prepare_run_dir(req.run_dir, req.overwrite)
     except DemoError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    t = clock.lap("data", clock.t0)
     rc = train(req, data)
+    clock.lap("training", t)
     print_results(req.run_dir, rc)
-    if rc != 0 or not req.evaluate:
-        return rc
-    return evaluate_and_export(req.run_dir, req.hf_dir, req.wikitext)
+    if rc == 0 and req.evaluate:
+        rc = evaluate_and_export(req, clock)
+        if rc == 0:
+            explain(req.run_dir)
+    print(clock.summary(), flush=True)
+    return rc
 
 
 def prepare_data(req: Request) -> Data:
@@ -246,11 +279,21 @@ def print_results(run_dir: Path, rc: int) -> None:
     if (ck / "latest").is_file():
         note = "training complete; --overwrite trains again" if rc == 0 else "re-run to continue from it"
         print(f"[demo] checkpoint: {ck / (ck / 'latest').read_text().strip()}  ({note})")
-    print(f"[demo] TensorBoard: tensorboard --logdir {layout.events}")
+    in_venv = sys.prefix != sys.base_prefix  # tensorboard is the venv's: on the PATH once it is activated
+    active = f"  (after . {_short(Path(sys.prefix))}/bin/activate)" if in_venv else ""
+    print(f"[demo] TensorBoard: tensorboard --logdir {layout.events}{active}")
     if rc == EXIT_REQUEUE:
         print("[demo] training stopped early with a checkpoint; run the demo again to continue")
     elif rc != 0:
         print(f"[demo] error: training failed (exit {rc})", file=sys.stderr)
+
+
+def _short(path: Path) -> str:
+    """``path`` relative to the current directory when it is below it (``.venv``), else as it is."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _read_json(path: Path) -> dict:
@@ -288,16 +331,29 @@ def _run_step(what: str, cmd: list[str], up_to_date: str | None) -> int:
     return rc
 
 
-def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> int:
+def evaluation_command(req: Request) -> list[str]:
+    """``launchers/local.py -n N -- -m leviathan_pretrain.evaluate --run RUN [--wikitext FILE]``: the training's
+    local processes, data-parallel."""
+    launcher = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(req.nprocs), "--"]
+    cmd = [*launcher, "-m", "leviathan_pretrain.evaluate", "--run", str(req.run_dir)]
+    return cmd + (["--wikitext", req.wikitext] if req.wikitext else [])
+
+
+def evaluate_and_export(req: Request, clock: Clock | None = None) -> int:
     """Steps 3-4: the user's commands, as subprocesses; each skipped, and said so, when its output is already there
-    for this checkpoint (a second ``make demo`` does nothing)."""
+    for this checkpoint (a second ``make demo`` does nothing). The evaluation runs data-parallel on the training's
+    ``--nprocs`` local processes, one thread each as the trainer's: on a busy machine one process with every core's
+    threads is several times slower."""
+    clock = clock or Clock()
+    run_dir, hf_dir, wikitext = req.run_dir, req.hf_dir, req.wikitext
     layout = RunLayout(run_dir)
     tag = (layout.checkpoints / "latest").read_text().strip()
-    cmd = [sys.executable, "-m", "leviathan_pretrain.evaluate", "--run", str(run_dir)]
-    cmd += ["--wikitext", wikitext] if wikitext else []
+    cmd = evaluation_command(req)
     fresh = report_up_to_date(run_dir, tag, wikitext)
     done = f"evaluation of {tag} is up to date: {layout.report(tag)} (delete it to evaluate again)" if fresh else None
+    t = time.monotonic()
     rc = _run_step("evaluation", cmd, done)
+    t = clock.lap("evaluation", t)
     if rc != 0:
         return rc
     if not _read_json(layout.report(tag)).get("wikitext"):
@@ -306,11 +362,47 @@ def evaluate_and_export(run_dir: Path, hf_dir: Path, wikitext: str | None) -> in
     cmd += ["--overwrite"] if (hf_dir / "leviathan_export.json").is_file() else []  # only our own earlier export
     done = f"export of {tag} is up to date: {hf_dir}" if export_up_to_date(run_dir, hf_dir, tag) else None
     rc = _run_step("export", cmd, done)
+    clock.lap("export", t)
     if rc != 0:
         return rc
     print(f"[demo] evaluation report: {layout.report(tag)} (eval/ scalars in TensorBoard too)")
     print(f"[demo] Hugging Face model: {hf_dir}  (transformers: LlamaForCausalLM.from_pretrained({str(hf_dir)!r}))")
     return 0
+
+
+def explain(run_dir: Path) -> None:
+    """What the latest report's figures mean for this small model trained on Python sources (a few lines)."""
+    layout = RunLayout(run_dir)
+    try:
+        tag = (layout.checkpoints / "latest").read_text().strip()
+    except OSError:
+        return
+    report = _read_json(layout.report(tag))
+    held = (report.get("heldout") or [{}])[0]
+    if "ppl" not in held:
+        return
+    print(
+        f"[demo] what the figures mean: on {held.get('tokens', 0):,} held-out tokens of Python sources the model's "
+        f"perplexity is {held['ppl']:.1f}: on average it is as unsure as a uniform pick among that many tokens, after "
+        f"{report.get('tokens_seen', 0):,} training tokens (the trainer's validation figure is the same loss on a "
+        "sample of a few batches, so it differs a little)"
+    )
+    buckets = [  # the buckets with enough targets to mean something (the unseen and rarest hold a handful)
+        b for b in (report.get("frequency") or {}).get("buckets", []) if (b.get("tokens") or 0) >= 1000
+    ]
+    if len(buckets) >= 2:
+        rare, common = buckets[0], buckets[-1]
+        print(
+            f"[demo] by training frequency: common tokens ({common['name']} of the training tokens) have perplexity "
+            f"{common['ppl']:,.1f}, rare ones ({rare['name']}) {rare['ppl']:,.0f}: the paper's claim for LEV is a gain "
+            "on rare tokens for 200M-1.2B models; a model this small, trained this briefly, does not test it"
+        )
+    wiki = report.get("wikitext")
+    if wiki:
+        print(
+            f"[demo] WikiText word perplexity {wiki['word_ppl']:,.0f}: English prose, which a model trained only on "
+            "Python code has never seen; a very high figure is expected here (it shows the evaluation runs)"
+        )
 
 
 if __name__ == "__main__":

@@ -233,20 +233,22 @@ def _scoring(opts: EvalOptions, tr: Trained, world: tuple[int, int], device) -> 
 
 def _header(opts: EvalOptions, tr: Trained, sc: _Scoring, world: tuple[int, int], device) -> EvalReport:
     """The report with what was loaded (run, checkpoint, parameters, tokens seen) and the settings, no metric yet;
-    says what was loaded."""
+    says what was loaded. ``params``: the trained parameters (``total``) in model/counts.py's words, as
+    ``python -m leviathan_pretrain.params`` and the trainer's start count them."""
     from leviathan_pretrain.evaluation.report import EvalReport
     from leviathan_pretrain.model import counts as param_counts
 
     cfg, layout = tr.cfg, tr.record.layout
-    counts = param_counts.param_breakdown(cfg.model, layout.tp)
+    counts = param_counts.param_summary(cfg.model, layout.tp)  # at the TP it trained with: its padded vocabulary
     total, n_input = counts["total"], counts["input"]
+    extra = ("body", "head", "padding", "vocab_size", "padded_vocab_size", "tensor_parallel")
     report = EvalReport(
         run=str(Path(opts.run).resolve()),
         checkpoint=str((tr.ckpt_dir / tr.tag).resolve()),
         tag=tr.tag,
         step=tr.step,
         variant=tr.variant,
-        params={"total": total, "input_layer": n_input, "non_input": total - n_input},
+        params={"total": total, "input_layer": n_input, "non_input": total - n_input, **{k: counts[k] for k in extra}},
         tokens_seen=tr.record.consumed_samples * cfg.model.seq_length,
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         settings={"context": sc.context, "stride": sc.stride, "batch_size": opts.batch_size, "device": str(device),
@@ -271,13 +273,17 @@ def _heldout(opts: EvalOptions, cfg, sc: _Scoring, report: EvalReport) -> list[t
 
 
 def _heldout_set(hs, max_tokens: int | None, sc: _Scoring) -> tuple[dict, object]:
-    """One held-out set's report entry and its :class:`~leviathan_pretrain.evaluation.scoring.Scores`."""
+    """One held-out set's report entry and its :class:`~leviathan_pretrain.evaluation.scoring.Scores`. The entry
+    names the data (``prefix``, ``document_range`` [first, end) of the shard's documents read, ``split``:
+    "validation" for the validation split of a ``data.prefixes`` shard, else None: the file from its start) and
+    ``tokens``, the target tokens scored (every one of the stream, each once)."""
     from leviathan_pretrain.evaluation import heldout as H
     from leviathan_pretrain.evaluation.load import EvalError
     from leviathan_pretrain.evaluation.report import Meter
     from leviathan_pretrain.evaluation.scoring import score_streams
 
     tokens, docs, left = H.read_stream(hs, max_tokens)
+    first = hs.documents[0] if hs.documents else 0
     if tokens.size < 2:
         raise EvalError(f"{hs.prefix}: fewer than 2 tokens to evaluate")
     if int(tokens.max()) >= sc.vocab_size:
@@ -288,7 +294,9 @@ def _heldout_set(hs, max_tokens: int | None, sc: _Scoring) -> tuple[dict, object
     s = score_streams(sc.model, [tokens], sc.vocab_size, sc.context, sc.stride, progress=meter, **sc.kw)[0]
     meter.close()
     entry = {"name": hs.name, "prefix": str(Path(hs.prefix).resolve()), "documents": docs, "documents_left_out": left,
-             "tokens": s.tokens, "loss": s.mean_loss, "ppl": math.exp(s.mean_loss)}  # fmt: skip
+             "document_range": [first, first + docs], "split": "validation" if hs.documents else None,
+             "tokens": s.tokens, "loss": s.mean_loss, "ppl": math.exp(s.mean_loss),
+             **meter.rates(s.tokens)}  # fmt: skip
     return entry, s
 
 
@@ -348,6 +356,7 @@ def _wikitext(path: str, stride: int | None, tok, sc: _Scoring, report: EvalRepo
     from leviathan_pretrain.evaluation import texts as T
     from leviathan_pretrain.evaluation.load import EvalError
     from leviathan_pretrain.evaluation.report import Meter
+    from leviathan_pretrain.evaluation.scoring import windows
 
     texts = T.wikitext_articles(path)
     ws = stride or max(1, sc.context // 2)
@@ -357,7 +366,8 @@ def _wikitext(path: str, stride: int | None, tok, sc: _Scoring, report: EvalRepo
     meter = Meter("wikitext", sum(len(s) - 1 for s in streams), sc.verbose)
     w = T.score_wikitext(sc.model, streams, sc.vocab_size, texts, sc.context, ws, progress=meter, **sc.kw)
     meter.close()
-    report.wikitext = {"path": str(Path(path).resolve()), **w}
+    inputs = sum(x.end - x.start for i, s in enumerate(streams) for x in windows(len(s), sc.context, ws, i))
+    report.wikitext = {"path": str(Path(path).resolve()), **w, **meter.rates(w["tokens"], inputs)}
 
 
 def _lambada(path: str, tok, sc: _Scoring, report: EvalReport) -> None:

@@ -9,7 +9,10 @@ PP shards merged, ZeRO-3 partitions gathered) and writes into ``DIR``:
   with transformers' ``LlamaTokenizer`` files, a Hugging Face run's ``tokenizer.json`` as it is, a tiktoken run's
   encoding converted to a fast byte-level BPE ``tokenizer.json``; each with a ``tokenizer_config.json`` adding no
   BOS / EOS, loaded back with ``AutoTokenizer`` and checked to give the run's ids on probe texts before writing;
-- ``leviathan_export.json``: where it came from (run, tag, step, variant, tokenizer kind / sha256, dtype).
+- ``leviathan_export.json``: where it came from (run, tag, step, variant, tokenizer kind / sha256, dtype), its
+  ``parameters`` (the exported parameters) and the run's ``trained_parameters`` (model/counts.py: the export has
+  more for LEV, ALBERT and the MLP ablations, whose input layer becomes a whole ``V x D`` table, and fewer for TIED
+  and UNTIED, whose padded vocabulary rows are dropped).
 
 Every input variant exports as a plain Llama: TIED / UNTIED tables are copied, the input layer of LEV, ALBERT
 and the MLP ablations is a function of the token id alone and is materialised into the dense ``[V, D]``
@@ -108,6 +111,7 @@ class Exported:
     step: int
     seconds: float
     tokenizer: str = ""
+    counts: tuple[str, str] = ("", "")  # model/counts.py's exported_text and trained_text of the run
 
 
 @dataclass
@@ -152,7 +156,16 @@ def export(
         trained.step,
         time.time() - t0,
         _tokenizer_note(trained.tokenizer, tok_record),
+        _counts(trained, converted.parameters),
     )
+
+
+def _counts(trained, parameters: int) -> tuple[str, str]:
+    """The export's count and the run's trained parameters, in model/counts.py's words."""
+    from leviathan_pretrain.model import counts
+
+    m = trained.cfg.model
+    return counts.exported_text(m, parameters), counts.trained_text(counts.param_summary(m, trained.record.layout.tp))
 
 
 def load_checked(run_dir, step: int | None, checkpoint_dir, tokenizer):
@@ -241,9 +254,16 @@ def _marker(run_dir, trained, tok_record: dict, dtype: str, parameters: int) -> 
         "tokenizer_fingerprint": tok.fingerprint,
         **tok_record,
         "dtype": dtype,
-        "parameters": parameters,
+        "parameters": parameters,  # the exported parameters (model/counts.py): the Llama's, embed_tokens V x D
+        "trained_parameters": _trained_total(trained),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _trained_total(trained) -> int:
+    from leviathan_pretrain.model import counts
+
+    return counts.param_breakdown(trained.cfg.model, trained.record.layout.tp)["total"]
 
 
 def publish(tmp: Path, out: Path, overwrite: bool) -> list[str]:
@@ -317,7 +337,8 @@ def _export(args) -> int:
     files = ", ".join(f"{f} ({_size(done.out / f)})" if f == "model.safetensors" else f for f in done.files)
     print(
         f"exported {done.variant} {done.tag} (step {done.step}) of {args.run} as LlamaForCausalLM to {done.out}\n"
-        f"  {done.parameters:,} parameters ({done.parameters / 1e6:.2f}M), dtype {DTYPE_NAMES[done.dtype]}\n"
+        f"  {done.counts[0]}, dtype {DTYPE_NAMES[done.dtype]}\n"
+        f"  the run's {done.counts[1]}\n"
         f"  files: {files}\n"
         f"  tokenizer: {done.tokenizer}\n"
         f"  load: AutoModelForCausalLM.from_pretrained({str(done.out)!r}); AutoTokenizer.from_pretrained(same)\n"

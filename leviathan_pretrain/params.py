@@ -3,11 +3,15 @@
     python -m leviathan_pretrain.params --config configs/1.2b-lev.yaml [key=value ...] [--json]
     python -m leviathan_pretrain.params --config configs/200m-lev.yaml --iso-to configs/200m-untied.yaml
 
-Prints ``input`` (the input representation), ``body`` (transformer layers + final norm), ``head`` (the
-untied output head; 0 for TIED, whose head is the input table) and ``total``, for the whole model (all TP
-ranks together; tables padded as megatron pads them for ``parallel.tensor_parallel``). ``--json`` prints one
-object with exactly those four keys. The closed form lives in ``leviathan_pretrain.model.sizes`` and is
-checked against real (and meta-device) megatron-core models in tests/test_params.py.
+Prints the input layer (``input``), the transformer body (``body``: layers + final norm), the output head
+(``head``: the untied head; 0 for TIED, whose head is the input table) and their sum, the trained parameters
+(``total``), for the whole model (all TP ranks together; tables padded as megatron pads them for
+``parallel.tensor_parallel``, the padded rows' share named: ``padding``), and the exported parameters
+(``exported``: the Hugging Face Llama ``export_hf`` writes, every input layer materialised into a ``V x D`` table).
+The same figures and words as ``train``'s start, ``evaluate``'s report and ``export_hf`` (model/counts.py).
+``--json`` prints one object with exactly those six keys. The closed form lives in
+``leviathan_pretrain.model.sizes`` and is checked against real (and meta-device) megatron-core models in
+tests/test_params.py.
 
 ``--iso-to OTHER``: the paper's v1 protocol, equal total parameters by depth. Prints the ``model.num_layers`` of
 this config whose total is nearest below and above OTHER's total, both totals and their ratio to OTHER's. The
@@ -29,26 +33,45 @@ from data_prep.options import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config
 from leviathan_pretrain.model import counts
 
+KEYS = ("input", "body", "head", "total", "padding", "exported")  # --json
+
 
 def breakdown(cfg) -> dict:
     return counts.param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
 
 
-def format_breakdown(cfg, counts: dict) -> str:
+def all_counts(cfg) -> dict:
+    """:data:`KEYS`: the breakdown, the padded rows' share of it and the export's count."""
+    s = counts.param_summary(cfg.model, cfg.parallel.tensor_parallel)
+    return {**{k: s[k] for k in KEYS[:5]}, "exported": counts.exported_params(cfg.model)}
+
+
+def format_breakdown(cfg, got: dict) -> str:
     m = cfg.model
+    s = counts.param_summary(m, cfg.parallel.tensor_parallel)
     lines = [
         f"variant={m.variant} vocab_size={m.vocab_size} hidden={m.hidden_size} layers={m.num_layers} "
         f"tensor_parallel={cfg.parallel.tensor_parallel}"
     ]
-    for key in ("input", "body", "head", "total"):
-        lines.append(f"  {key:<6} {counts[key]:>15,d}  ({counts[key] / 1e6:,.2f} M)")
+    exported = counts.exported_text(m).split(" = ", 1)[1]  # its parts
+    rows = [
+        ("input layer", "input", ""),
+        ("transformer body", "body", ""),
+        ("output head", "head", "" if got["head"] else "tied: the input table"),
+        (counts.TRAINED, "total", counts.padding_text(s)),
+        (counts.EXPORTED, "exported", f"export_hf's Llama: {exported}"),
+    ]
+    for label, key, note in rows:
+        lines.append(f"  {label:<20} {got[key]:>15,d}  ({counts.millions(got[key])})" + (f"  {note}" if note else ""))
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m leviathan_pretrain.params", description=__doc__.splitlines()[0])
     config_arguments(ap, "YAML config (may name a base: file)", "dotted overrides, e.g. model.vocab_size=200019")
-    ap.add_argument("--json", action="store_true", help="print one JSON object {input, body, head, total}")
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON object {input, body, head, total, padding, exported}"
+    )
     ap.add_argument(
         "--iso-to",
         metavar="OTHER",
@@ -101,8 +124,8 @@ def _params(args) -> int:
         iso = iso_layers(cfg, breakdown(other)["total"])
         print(json.dumps(iso) if args.json else format_iso(cfg, args.iso_to, iso))
         return 0
-    counts = breakdown(cfg)
-    print(json.dumps(counts) if args.json else format_breakdown(cfg, counts))
+    got = all_counts(cfg)
+    print(json.dumps(got) if args.json else format_breakdown(cfg, got))
     return 0
 
 

@@ -107,7 +107,11 @@ else
 fi
 
 mode="$(basename "$REQ" .txt)${KEPT:+-keep-torch-$KEPT}"
-stamp="$VENV/.setup-$(cat requirements.txt requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)-$mode"
+pins="$VENV/.setup-$(cat requirements.txt requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)"
+stamp="$pins-$mode"
+# the test requirements include the runtime ones: after `make test`, `make demo` (--runtime) has nothing to install
+[ "$REQ" = requirements.txt ] && [ -f "$pins-requirements-test${KEPT:+-keep-torch-$KEPT}" ] \
+  && stamp="$pins-requirements-test${KEPT:+-keep-torch-$KEPT}"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing Python packages from $REQ${KEPT:+ (keeping torch $KEPT)}"
   # pip byte-compiles serially (about 2 CPU-minutes for this set); compileall does the same on every core

@@ -287,7 +287,13 @@ GROUPS = {
 }
 GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}
 # then the longest single files (measured in CI): a long one started last would also end the run alone
-LONG = ("test_setup_keep_torch.py", "test_tokenizer_kinds_train.py", "test_evaluate.py", "test_export_hf.py")
+LONG = (
+    "test_setup_keep_torch.py",
+    "test_tokenizer_kinds_train.py",
+    "test_evaluate.py",
+    "test_export_hf.py",
+    "test_tutorial.py",
+)
 
 
 def _group(nodeid: str) -> str:

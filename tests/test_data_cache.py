@@ -68,7 +68,8 @@ def test_prebuilt_cache_is_hit_by_the_trainer_and_gives_the_same_samples(tmp_pat
     assert not C.cache_status(fresh, 0)[0]
     train2, valid2 = trainer_build(fresh)
     out = capsys.readouterr().out
-    assert "is missing or incomplete" in out and "python -m leviathan_pretrain.build_data_cache" in out
+    assert f"[data] building the data index cache in {tmp_path / 'fresh'} (first start;" in out
+    assert "python -m leviathan_pretrain.build_data_cache with this command's" in out
     assert sorted(p.name for p in (tmp_path / "fresh").iterdir() if "Dataset-" in p.name) == sorted(
         n for n in before if "Dataset-" in n
     )  # the same index files, by name

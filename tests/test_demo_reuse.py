@@ -64,3 +64,31 @@ def test_the_export_is_reused_when_it_is_ours_of_this_checkpoint(tmp_path):
 def test_wikitext_only_when_named():
     assert demo.parse([]).wikitext is None
     assert demo.parse(["--wikitext", "wiki.test.raw"]).wikitext == "wiki.test.raw"
+
+
+def test_the_evaluation_runs_on_the_trainings_local_processes():
+    cmd = demo.evaluation_command(demo.parse(["--out", "runs/x", "--nprocs", "3", "--wikitext", "w.raw"]))
+    i = cmd.index("--")
+    assert cmd[1].endswith("launchers/local.py") and cmd[2:i] == ["-n", "3"]
+    assert cmd[i + 1 :] == ["-m", "leviathan_pretrain.evaluate", "--run", "runs/x/train", "--wikitext", "w.raw"]
+
+
+def test_the_end_says_how_long_each_step_took_and_what_the_figures_mean(tmp_path, capsys):
+    clock = demo.Clock(t0=0.0)
+    clock.lap("data", -6.0)
+    clock.lap("training", -95.0)
+    steps = clock.summary().split("(after set-up; ")[1]
+    assert steps.startswith("data ") and ", training " in steps and steps.endswith(")")
+    assert demo._mmss(95) == "1 min 35 s" and demo._mmss(6.44) == "6.4 s" and demo._mmss(42.2) == "42 s"
+    run = _run(tmp_path)
+    buckets = [{"name": "unseen", "tokens": 6, "ppl": 2e5}, {"name": "1e-06..1e-05", "tokens": 2381, "ppl": 72876.0},
+               {"name": ">=1e-03", "tokens": 126165, "ppl": 17.74}]  # fmt: skip
+    report = {"tag": "global_step120", "tokens_seen": 245760, "frequency": {"buckets": buckets},
+              "heldout": [{"tokens": 206491, "ppl": 159.06}], "wikitext": {"word_ppl": 4708022.6}}  # fmt: skip
+    (run / "eval").mkdir()
+    (run / "eval" / "global_step120.json").write_text(json.dumps(report))
+    demo.explain(run)
+    out = capsys.readouterr().out.splitlines()
+    assert "206,491 held-out tokens" in out[0] and "perplexity is 159.1" in out[0] and "245,760 training" in out[0]
+    assert "(>=1e-03 of the training tokens) have perplexity 17.7, rare ones (1e-06..1e-05) 72,876" in out[1]
+    assert "WikiText word perplexity 4,708,023" in out[2] and "expected" in out[2] and len(out) == 3

@@ -161,6 +161,8 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
     ref = plain_losses(tr.model, stream, tr.vocab_size, 64, 64)
     (h,) = rep["heldout"]
     assert h["tokens"] == len(stream) - 1 and h["documents"] == docs
+    assert h["seconds"] > 0 and h["tokens_per_s"] == pytest.approx(h["tokens"] / h["seconds"], rel=0.02)
+    assert f"scored in {h['seconds']:.1f} s: {h['tokens_per_s']:,.0f} target tokens/s" in p.stdout
     assert abs(h["loss"] - ref.mean()) < 1e-5 and abs(h["ppl"] - math.exp(ref.mean())) / h["ppl"] < 1e-4
     counts = np.load(minipile_shards["train"] + ".counts.npy").astype(np.int64)
     rel, targets = counts / counts.sum(), stream[1:]
@@ -226,6 +228,9 @@ def test_wikitext_and_lambada_equal_a_plain_recomputation(run_copy, world, tmp_p
     w = rep["wikitext"]
     assert w["articles"] == 3 and w["words"] == sum(len(a.split()) for a in articles)
     assert w["tokens"] == sum(len(sp.encode(a)) for a in articles)
+    ends = [[*range(32, len(sp.encode(a)), 32), len(sp.encode(a))] for a in articles]  # each window's last target
+    inputs = sum(min(e, 64) for article in ends for e in article)  # its inputs: at most the context
+    assert w["model_tokens_per_s"] == pytest.approx(w["tokens_per_s"] * inputs / w["tokens"], rel=0.01)
     assert abs(w["word_ppl"] - math.exp(nats / w["words"])) / w["word_ppl"] < 1e-4
     hits, word_nats = [], []
     for t in examples:

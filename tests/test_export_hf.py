@@ -9,6 +9,7 @@ Each run is exported once per module (fp32, through the real CLI); the runs are 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import sentencepiece as spm
@@ -46,8 +47,10 @@ def exported(trained_run, tmp_path_factory):
             p = run_module(CLI, "--run", run, "--out", out, "--dtype", "fp32", timeout=240)
             assert f"to {out}" in p.stdout and "parameters" in p.stdout and "float32" in p.stdout, p.stdout
             done[name] = (run, out)
+            get.stdout[name] = p.stdout
         return done[name]
 
+    get.stdout = {}  # name -> what the export printed
     return get
 
 
@@ -233,3 +236,47 @@ def test_bf16_default_and_overwrite(exported, tmp_path):
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16"]
+
+
+@pytest.mark.parametrize("name", ["lev-tp2", "tied-tp2"])
+def test_parameter_counts_agree_across_the_commands(exported, name, tmp_path, capsys):
+    """One trained count in ``params`` (the run's config), the trainer's ``layout`` record, ``evaluate``'s report and
+    console and the export's marker and output; the export's own count is the body plus a ``V x D`` table per
+    table (LEV materialised, the padded rows dropped). The trainer's and evaluate's lines name what they scored."""
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.model import counts
+    from leviathan_pretrain.params import main as params_main
+
+    run, out = exported(name)
+    assert params_main(["--config", str(run / "config.json"), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    cfg = load_config(run / "config.json")
+    line = counts.trained_text(counts.param_summary(cfg.model, cfg.parallel.tensor_parallel))
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    (layout,) = [r for r in records if r.get("event") == "layout"]
+    assert layout["params"] == {k: want[k] for k in ("input", "body", "head", "total", "padding")}
+    mark = json.loads((out / "leviathan_export.json").read_text())
+    assert mark["trained_parameters"] == want["total"] and mark["parameters"] == want["exported"]
+    V, D = cfg.model.vocab_size, cfg.model.hidden_size
+    tables = 1 if name.startswith("tied") else 2
+    assert want["exported"] == want["total"] - want["input"] - want["head"] + tables * V * D
+    printed = exported.stdout[name]
+    assert counts.exported_text(cfg.model, want["exported"]) in printed and f"the run's {line}" in printed
+    assert want["padding"] == (8192 - V) * D  # one table of 8,000 ids padded to 8,192 rows at TP = 2
+    # evaluate: the report's params and the console's line; per held-out set the prefix, documents, target tokens
+    report = tmp_path / "report.json"
+    flags = ("--no-frequency", "--no-geometry", "--no-tensorboard", "--max-tokens", 2000, "--context", 64)
+    p = run_module("leviathan_pretrain.evaluate", "--run", run, *flags, "--out", report, timeout=300)
+    rep = json.loads(report.read_text())
+    assert rep["params"]["total"] == want["total"] and rep["params"]["input_layer"] == want["input"]
+    assert rep["params"]["padding"] == want["padding"] and line in p.stdout
+    (h,) = rep["heldout"]
+    a, b = h["document_range"]
+    assert h["prefix"] == str(Path(cfg.data.valid_prefixes[0]).resolve()) and (a, b) == (0, h["documents"])
+    assert f"{h['prefix']}: documents 0..{b:,} (the first of the file; " in p.stdout
+    assert f"{h['tokens']:>13,} {h['documents']:>8,}" in p.stdout and "target tokens" in p.stdout
+    # the trainer's validation: eval_iters x global batch x seq_length tokens of data.valid_prefixes
+    valid = [r for r in records if "valid_loss" in r]
+    t = cfg.train
+    assert valid and all(r["valid_tokens"] == t.eval_iters * t.global_batch_size * cfg.model.seq_length for r in valid)
+    assert all(f"from data.valid_prefixes ({Path(cfg.data.valid_prefixes[0]).name})" in r["valid_data"] for r in valid)

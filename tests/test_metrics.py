@@ -94,3 +94,18 @@ def test_tensorboard_scalars_from_tp2_run():
     logged = [r["memory/rss_gib"] for r in records("tp2") if "memory/rss_gib" in r]
     assert logged and all(0.01 < x < 64 for x in logged)
     assert not any("tok/s" in line for line in runs["outputs"][1].splitlines())  # rank 1 prints nothing
+    # the start names the trained parameters as `params` counts them; each validation its tokens and data
+    from leviathan_pretrain.config import load_config
+    from leviathan_pretrain.model import counts
+    from leviathan_pretrain.trainer.metrics import validation_set
+    from tests.workers.train_common import CONFIG, overrides
+
+    cfg = load_config(CONFIG, overrides("tp2", "parallel.tensor_parallel=2"))
+    assert f"[train] {counts.trained_text(counts.param_summary(cfg.model, 2))}\n" in runs["outputs"][0]
+    (layout,) = [r for r in records("tp2") if r.get("event") == "layout"]
+    assert layout["params"]["total"] == counts.param_breakdown(cfg.model, 2)["total"]
+    tokens, what = validation_set(cfg)
+    assert tokens == 2 * 8 * 64 and what.endswith("from the validation split of data.prefixes (data.split=90,8,2)")
+    valid = [line for line in runs["outputs"][0].splitlines() if "validation loss" in line]
+    assert valid and all(line.endswith(f"| {what}") for line in valid), valid[-1]
+    assert all(r["valid_tokens"] == tokens and r["valid_data"] == what for r in records("tp2") if "valid_loss" in r)

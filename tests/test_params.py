@@ -53,11 +53,12 @@ def test_ablations_are_parameter_matched_to_lev(scale):
     assert abs(sizes.albert_dim(m) - lev / (m.vocab_size + m.hidden_size)) <= 0.5
 
 
-def test_params_cli_json_has_exactly_the_four_keys(capsys):
+def test_params_cli_json_has_exactly_the_six_keys(capsys):
     assert params_main(["--config", str(REPO / "configs/1.2b-lev.yaml"), "--json", V200K]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"input", "body", "head", "total"}
+    assert set(out) == {"input", "body", "head", "total", "padding", "exported"}
     assert out["total"] == out["input"] + out["body"] + out["head"]
+    assert out["exported"] == out["body"] + 2 * 200019 * 2048  # embed_tokens (LEV materialised) and lm_head
 
 
 def test_params_cli_as_a_module_with_overrides():

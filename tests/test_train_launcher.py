@@ -40,6 +40,13 @@ def test_failed_rank_stops_the_others_and_its_code_is_returned():
     assert "rank 1 exited with code 5" in proc.stderr
 
 
+def test_a_rank_that_stops_with_a_checkpoint_is_not_reported_as_a_failure():
+    proc = launch("-n", "2", "--grace", "1", "--", "-c", CHILD, "75", "5")
+    assert proc.returncode == 75
+    assert "rank 1 stopped with a checkpoint (exit 75: run the same command to resume)" in proc.stderr
+    assert "exited with code" not in proc.stderr
+
+
 def test_nothing_to_run_is_a_usage_error():
     proc = launch("-n", "2")
     assert proc.returncode == 2 and "nothing to run" in proc.stderr

@@ -2,8 +2,10 @@
 
 Report keys (``python -m leviathan_pretrain.compare`` reads them; docs/evaluation.md describes each)::
 
-    schema, run, checkpoint, tag, step, variant, params {total, input_layer, non_input}, tokens_seen, created,
-    heldout [{name, prefix, documents, documents_left_out, tokens, loss, ppl}],
+    schema, run, checkpoint, tag, step, variant,
+    params {total, input_layer, non_input, body, head, padding, vocab_size, padded_vocab_size, tensor_parallel},
+    tokens_seen, created,
+    heldout [{name, prefix, documents, documents_left_out, document_range, split, tokens, loss, ppl}],
     frequency {counts, training_tokens, mode, buckets [{name, lo, hi, tokens, types, loss, ppl}]} | null,
     wikitext {path, articles, skipped, tokens, words, context, stride, nats, token_loss, token_ppl, word_ppl} | null,
     lambada {path, examples, skipped, accuracy, ppl} | null,
@@ -71,7 +73,7 @@ class EvalReport:
 
     step: int
     variant: str
-    params: dict  # {total, input_layer, non_input}
+    params: dict  # {total, input_layer, non_input, body, head, padding, ...}: model/counts.py param_summary
     tokens_seen: int
     heldout: list = field(default_factory=list)
     frequency: dict | None = None
@@ -140,19 +142,50 @@ def _num(x, fmt: str = ".2f") -> str:
     return format(x, fmt)
 
 
+def params_line(p: dict) -> str:
+    """The report's ``params`` in model/counts.py's words (a report written before ``body`` / ``head`` were
+    recorded: its total and input layer)."""
+    from leviathan_pretrain.model import counts
+
+    if "body" in p and "head" in p:
+        return counts.trained_text({**p, "input": p["input_layer"]})
+    return f"{p['total']:,} {counts.TRAINED} ({counts.millions(p['total'])}), input layer {p['input_layer']:,}"
+
+
+def heldout_source(h: dict) -> str:
+    """Where a held-out set's targets came from: ``"PREFIX: documents 0..6 (all of the file)"``, or of its
+    validation split, and the documents ``--max-tokens`` left out."""
+    if "document_range" not in h:  # an older report
+        return f"{h['prefix']}: {h['documents']:,} documents"
+    a, b = h["document_range"]
+    left = h.get("documents_left_out") or 0
+    where = "its validation split" if h.get("split") == "validation" else "the file"
+    whole = f"all of {where}" if not left else f"the first of {where}; {left:,} more left out by --max-tokens"
+    return f"{h['prefix']}: documents {a:,}..{b:,} ({whole})"
+
+
 def console_table(rep: EvalReport) -> str:
     """A human summary of a report."""
     report = rep.to_json()
-    p = report["params"]
+    st = report.get("settings") or {}
     lines = [
-        f"run {report['run']}  {report['tag']}  variant={report['variant']}  params {p['total'] / 1e6:.2f}M "
-        f"(input layer {p['input_layer'] / 1e6:.3f}M)  tokens seen {report['tokens_seen']:,}",
+        f"run {report['run']}  {report['tag']}  variant={report['variant']}  tokens seen {report['tokens_seen']:,}",
+        params_line(report["params"]),
         "",
-        f"{'held-out set':<28} {'tokens':>12} {'docs':>8} {'loss':>8} {'ppl':>10}",
+        f"{'held-out set':<28} {'target tokens':>13} {'docs':>8} {'loss':>8} {'ppl':>10}",
     ]
     for h in report["heldout"]:
         lines.append(
-            f"{h['name']:<28} {h['tokens']:>12,} {h['documents']:>8,} {_num(h['loss'], '.4f'):>8} {_num(h['ppl']):>10}"
+            f"{h['name']:<28} {h['tokens']:>13,} {h['documents']:>8,} {_num(h['loss'], '.4f'):>8} {_num(h['ppl']):>10}"
+        )
+        lines.append(f"  {heldout_source(h)}")
+        if "seconds" in h:
+            lines.append(f"  scored in {h['seconds']:.1f} s: {h['tokens_per_s']:,.0f} target tokens/s")
+    if report["heldout"]:
+        windows = f" (windows of {st['context']}, stride {st['stride']})" if "context" in st else ""
+        lines.append(
+            f"every target token of each set scored once{windows}; the trainer's validation loss scores a fixed "
+            "sample of a few batches instead (docs/evaluation.md)"
         )
     fr = report.get("frequency")
     if fr:
@@ -172,6 +205,11 @@ def console_table(rep: EvalReport) -> str:
             f"WikiText ({w['articles']} articles, {w['tokens']:,} tokens, {w['words']:,} words, context "
             f"{w['context']}, stride {w['stride']}): token ppl {w['token_ppl']:.2f}, word ppl {w['word_ppl']:.2f}",
         ]
+        if "seconds" in w:
+            lines.append(
+                f"  scored in {w['seconds']:.1f} s: {w['tokens_per_s']:,.0f} target tokens/s, "
+                f"{w['model_tokens_per_s']:,.0f} tokens/s through the model (overlapping windows)"
+            )
     la = report.get("lambada")
     if la:
         lines += [
@@ -257,5 +295,15 @@ class Meter:
             print(f"[evaluate] {self.label}: {self.done:,}/{self.total:,} tokens ({rate:,.0f} tok/s)", flush=True)
 
     def close(self) -> None:
+        self.seconds = time.monotonic() - self.t0
         if self.bar is not None:
             self.bar.close()
+
+    def rates(self, targets: int, model_tokens: int | None = None) -> dict:
+        """The report's timing keys after :meth:`close`: ``seconds`` of scoring, ``targets`` scored per second (all
+        ranks together), and, when windows overlap, ``model_tokens`` (the windows' inputs) per second."""
+        sec = max(self.seconds, 1e-9)
+        out = {"seconds": round(self.seconds, 2), "tokens_per_s": round(targets / sec, 1)}
+        if model_tokens is not None:
+            out["model_tokens_per_s"] = round(model_tokens / sec, 1)
+        return out

@@ -168,7 +168,9 @@ def score_tokens(hidden, weight, targets, chunk: int = 1024) -> tuple[torch.Tens
     for lo, hi in _spans(hidden.shape[0], chunk):
         logits = (hidden[lo:hi] @ weight.t()).float()
         t = targets[lo:hi]
-        hit.append(logits.argmax(dim=1) == t)
+        m, best = logits.max(dim=1)  # one pass for the max and the greedy token (the first maximum, as argmax)
         tgt = logits.gather(1, t[:, None])[:, 0]
-        nll.append(torch.logsumexp(logits, dim=1) - tgt)
+        lse = m + logits.sub_(m[:, None]).exp_().sum(dim=1).log()  # in place of the logits: no second [c, V]
+        nll.append(lse - tgt)
+        hit.append(best == t)
     return torch.cat(nll), torch.cat(hit)

@@ -400,6 +400,13 @@ def build_datasets(cfg: Config, eod: int, needs_data: bool):
     if rank == 0:
         if complete:
             print(f"[data] using the prebuilt data index cache {cdir}", flush=True)
+        elif why.endswith("does not exist"):  # a run's first start: the usual case, nothing wrong
+            print(
+                f"[data] building the data index cache in {cdir} (first start; for Pile-scale data, where this "
+                "takes minutes, build it beforehand: python -m leviathan_pretrain.build_data_cache with this "
+                "command's --config and overrides)",
+                flush=True,
+            )
         else:
             print(
                 f"[data] the data index cache in {cdir} is missing or incomplete ({why}); rank 0 builds it now, "

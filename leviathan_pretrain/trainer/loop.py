@@ -19,6 +19,7 @@ from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError, to_dict
 from leviathan_pretrain.model import LAYOUT_VERSION, lev_health, lev_layer, model_flops_per_token
+from leviathan_pretrain.model import counts as param_counts
 from leviathan_pretrain.parallel import (
     ParallelDims,
     init_distributed,
@@ -49,6 +50,7 @@ from leviathan_pretrain.trainer.metrics import (
     peak_flops,
     perplexity,
     throughput,
+    validation_set,
 )
 from leviathan_pretrain.trainer.peers import record_peers
 from leviathan_pretrain.trainer.prefetch import Prefetcher
@@ -233,7 +235,7 @@ class Trainer:
             else None
         )
         loss = self.eng.eval_loss(batches, t.eval_iters)
-        self.metrics.valid(self.state.step, loss)
+        self.metrics.valid(self.state.step, loss, validation_set(self.cfg))
         return loss
 
     def diverged(self, why: str) -> Diverged:
@@ -320,6 +322,7 @@ class Trainer:
 
     def train(self) -> int:
         cfg, t, dims, m, st = self.cfg, self.cfg.train, self.dims, self.metrics, self.state
+        params = param_counts.param_summary(cfg.model, dims.tp)  # as `params` and `evaluate` count them
         m.record(
             {
                 "step": st.step,
@@ -334,8 +337,11 @@ class Trainer:
                 "device": self.denv.device.type,
                 "peak_flops": self.peak,
                 "machine": host.describe(self.denv.device.type),
+                "params": {k: params[k] for k in ("input", "body", "head", "total", "padding")},
             }
         )
+        if dims.writer:
+            print(f"[train] {param_counts.trained_text(params)}", flush=True)
         if self.latest is not None:
             note = {"note": self.resume_note} if self.resume_note else {}
             m.event(st.step, "resumed", tag=self.latest, consumed_samples=st.consumed_samples, **note)

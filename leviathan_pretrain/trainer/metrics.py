@@ -11,7 +11,8 @@ Only one rank writes: the last pipeline stage's first tensor-parallel rank of da
   ``logging.peak_flops`` is set), ``memory/cuda_max_allocated_gib`` (GPU) or ``memory/rss_gib`` (CPU), in GiB
   (2**30 bytes; also the console line's ``mem``),
   ``lev/...`` (LEV health from the first stage: per-head output norm, spline coordinates near 0/1)
-- every validation: ``valid/loss``, ``valid/perplexity``
+- every validation: ``valid/loss``, ``valid/perplexity`` (the console line and the ``train_log.jsonl`` record name
+  the tokens scored and the data: :func:`validation_set`)
 - at step 0 and every ``logging.geometry_interval`` steps: ``geometry/{input,head}/{rms,cosine,mean_share,
   eff_rank}`` (trainer/geometry_log.py; per frequency bucket ``geometry/input/<bucket>/...`` too with
   ``logging.geometry_buckets``), also as a step record of those keys in ``train_log.jsonl``
@@ -110,6 +111,25 @@ def throughput(tokens: int, seconds: float, flops_per_token: float, world: int, 
     return out
 
 
+def validation_set(cfg) -> tuple[int, str]:
+    """``(tokens, text)``: what each validation scores: the same ``train.eval_iters`` global batches every time
+    (target tokens: eval_iters x global batch x seq_length) from ``data.valid_prefixes`` or the validation split
+    of ``data.prefixes``; ``text`` says so in the console line's words."""
+    t, d, seq = cfg.train, cfg.data, cfg.model.seq_length
+    tokens = t.eval_iters * t.global_batch_size * seq
+    if d.valid_prefixes:
+        names = [Path(p).name for p in d.valid_prefixes]
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        where = f"data.valid_prefixes ({', '.join(names[:3])}{more})"
+    else:
+        where = f"the validation split of data.prefixes (data.split={d.split})"
+    masked = ", EOD targets not scored" if d.eod_mask_loss else ""
+    return tokens, (
+        f"{tokens:,} tokens: a fixed sample of {t.eval_iters} x {t.global_batch_size} sequences of {seq} from {where}"
+        f"{masked}"
+    )
+
+
 def truncate_log(path: Path, last_step: int) -> None:
     """Keep records up to ``last_step`` (a resumed run rewrites what came after)."""
     if not path.is_file():
@@ -198,13 +218,19 @@ class Metrics:
         self.record({"step": step, **stats})
         self.scalars(step, stats)
 
-    def valid(self, step: int, loss: float) -> None:
+    def valid(self, step: int, loss: float, scored: tuple[int, str] | None = None) -> None:
+        """A validation's loss; ``scored``: :func:`validation_set`'s (tokens, what), in the record and the line."""
         if not self.is_writer:
             return
         ppl = perplexity(loss)
-        self.record({"step": step, "valid_loss": loss, "valid_perplexity": ppl})
+        what = {"valid_tokens": scored[0], "valid_data": scored[1]} if scored else {}
+        self.record({"step": step, "valid_loss": loss, "valid_perplexity": ppl, **what})
         self.scalars(step, {"valid/loss": loss, "valid/perplexity": ppl})
-        print(f"[train] step {step:>6}/{self.total_steps} | validation loss {loss:.4f} | ppl {ppl:.2f}", flush=True)
+        print(
+            f"[train] step {step:>6}/{self.total_steps} | validation loss {loss:.4f} | ppl {ppl:.2f}"
+            + (f" | {scored[1]}" if scored else ""),
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.tb is not None:
