@@ -1,6 +1,7 @@
 """The per-rank memory estimate (``leviathan_pretrain.plan``) against the real trainer's measured peak, on CPU.
 
-    python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [key=value ...]
+    python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [--recompute none full ...]
+        [key=value ...]
     python benchmarks/bench_memory.py --loss [--vocab 200064 --hidden 512 --micro 8 --seq 256 --pairs 3]
 
 Each case trains a small-but-not-tiny model (default: hidden 512, 8 layers, 8 heads, vocabulary 32,000,
@@ -18,6 +19,10 @@ the worker wraps the names ``trainer.loop`` calls (``build_engine``, the engine'
   optimizer states, and whatever gradients the optimizer keeps).
 - **peak**: VmHWM at the end of the last step (before the final checkpoint is written), minus the
   baseline: the training peak, compared with the estimate's ``total``.
+
+``--recompute MODE ...`` repeats every case per ``model.recompute`` mode: ``none``, ``selective`` (megatron's default
+module, the core attention), ``selective:mlp`` (or ``selective:core_attn,mlp``), ``full``, ``full:N`` (the first N
+layers); the estimate counts what each keeps (docs/training.md, "Memory levers").
 
 ``MALLOC_MMAP_THRESHOLD_=65536`` is set for the ranks so that every tensor above 64 KiB is its own mapping,
 returned to the OS when freed: RSS then follows live tensors (as the CUDA allocator's allocated bytes do)
@@ -217,11 +222,24 @@ def case_overrides(args, variant: str, zero: int, tp: int, data: str, out_dir: s
     ]
 
 
-def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str) -> dict:
-    out_dir = str(Path(tmp) / f"{variant}-z{zero}-tp{tp}")
+def recompute_overrides(mode: str) -> list[str]:
+    """``--recompute`` spelling -> config overrides: none, selective[:modules], full[:N]."""
+    kind, _, arg = mode.partition(":")
+    if kind not in ("none", "selective", "full") or (kind == "none" and arg):
+        sys.exit(f"error: --recompute {mode!r}: use none, selective, selective:mlp, full or full:N")
+    out = [f"model.recompute={kind}"]
+    if arg and kind == "selective":
+        out.append(f"model.recompute_modules=[{arg}]")
+    elif arg:
+        out.append(f"model.recompute_layers={arg}")
+    return out
+
+
+def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str, recompute: str = "none") -> dict:
+    out_dir = str(Path(tmp) / f"{variant}-z{zero}-tp{tp}-{recompute.replace(':', '-').replace(',', '-')}")
     n = tp * args.dp
     config = str(REPO / f"configs/tiny-cpu-{variant}.yaml")
-    overrides = case_overrides(args, variant, zero, tp, data, out_dir)
+    overrides = [*case_overrides(args, variant, zero, tp, data, out_dir), *recompute_overrides(recompute)]
     cmd = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(n), "--", str(Path(__file__).resolve())]
     cmd += ["--worker", "--config", config, *overrides]
     results = Path(out_dir) / "memory"
@@ -241,25 +259,28 @@ def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str) -> dic
 
     plan = make_plan(load_config(config, overrides), 1, n, device="cpu", mem_limit_gb=None)
     top = max(ranks, key=lambda r: r["peak"])
-    return {"variant": variant, "zero": zero, "tp": tp, "plan": plan, "measured": top, "seconds": time.monotonic() - t0}
+    took = time.monotonic() - t0
+    return {"variant": variant, "zero": zero, "tp": tp, "recompute": recompute, "plan": plan, "measured": top,
+            "seconds": took}  # fmt: skip
 
 
 def _name(r: dict) -> str:
-    return f"{r['variant']} Z{r['zero']} TP{r['tp']} DP{r['plan'].dp}"
+    mode = "" if r.get("recompute", "none") == "none" else f" {r['recompute']}"
+    return f"{r['variant']} Z{r['zero']} TP{r['tp']} DP{r['plan'].dp}{mode}"
 
 
 def report(rows: list[dict], precision: str) -> None:
     keys = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step")
     print(f"\nestimate per rank (leviathan_pretrain.plan, device=cpu, {precision}), GiB")
-    print(f"{'case':<20} " + " ".join(f"{k[:11]:>11}" for k in keys) + f" {'total':>11}")
+    print(f"{'case':<32} " + " ".join(f"{k[:11]:>11}" for k in keys) + f" {'total':>11}")
     for r in rows:
         mem = r["plan"].memory
-        print(f"{_name(r):<20} " + " ".join(f"{mem[k] / GIB:11.3f}" for k in (*keys, "total")))
+        print(f"{_name(r):<32} " + " ".join(f"{mem[k] / GIB:11.3f}" for k in (*keys, "total")))
     print(
         "\nestimate vs measured (RSS above the baseline taken right before the engine is built), GiB; ratio = est/meas"
     )
     print(
-        f"{'case':<20} {'peak: est':>10} {'meas':>7} {'ratio':>6} | {'kept: est':>10} {'meas':>7} {'ratio':>6} | "
+        f"{'case':<32} {'peak: est':>10} {'meas':>7} {'ratio':>6} | {'kept: est':>10} {'meas':>7} {'ratio':>6} | "
         f"{'transient: est':>15} {'meas':>7} {'ratio':>6}"
     )
     ratios = []
@@ -270,7 +291,7 @@ def report(rows: list[dict], precision: str) -> None:
         trans, mtrans = mem["total"] - kept, meas["peak"] - after
         ratios.append(mem["total"] / meas["peak"])
         print(
-            f"{_name(r):<20} {mem['total'] / GIB:10.3f} {meas['peak'] / GIB:7.3f} {ratios[-1]:6.2f} | "
+            f"{_name(r):<32} {mem['total'] / GIB:10.3f} {meas['peak'] / GIB:7.3f} {ratios[-1]:6.2f} | "
             f"{kept / GIB:10.3f} {after / GIB:7.3f} {kept / after:6.2f} | "
             f"{trans / GIB:15.3f} {mtrans / GIB:7.3f} {trans / mtrans:6.2f}"
         )
@@ -308,6 +329,13 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", default=["lev", "tied"], help="model variants (default lev tied)")
     ap.add_argument("--zero", type=int, nargs="+", default=[0, 1], help="ZeRO stages (default 0 1)")
     ap.add_argument("--tp", type=int, nargs="+", default=[1], help="TP sizes, one process per rank (default 1)")
+    ap.add_argument(
+        "--recompute",
+        nargs="+",
+        default=["none"],
+        metavar="MODE",
+        help="model.recompute per case: none (default), selective, selective:mlp, full, full:N",
+    )
     ap.add_argument("--dp", type=int, default=1, help="data-parallel size: TP x DP processes (default 1)")
     ap.add_argument("--hidden", type=int, default=512, help="model.hidden_size (default 512)")
     ap.add_argument("--layers", type=int, default=8, help="model.num_layers (default 8)")
@@ -341,13 +369,14 @@ def main(argv=None) -> int:
         for tp in args.tp:
             for variant in args.variants:
                 for zero in args.zero:
-                    rows.append(run_case(args, variant, zero, tp, data, tmp))
-                    r = rows[-1]
-                    print(
-                        f"done: {variant} ZeRO {zero} TP {tp}: peak {r['measured']['peak'] / GIB:.3f} GiB measured, "
-                        f"{r['plan'].memory['total'] / GIB:.3f} GiB estimated ({r['seconds']:.0f} s)",
-                        flush=True,
-                    )
+                    for mode in args.recompute:
+                        rows.append(run_case(args, variant, zero, tp, data, tmp, mode))
+                        r = rows[-1]
+                        print(
+                            f"done: {_name(r)}: peak {r['measured']['peak'] / GIB:.3f} GiB measured, "
+                            f"{r['plan'].memory['total'] / GIB:.3f} GiB estimated ({r['seconds']:.0f} s)",
+                            flush=True,
+                        )
     report(rows, args.precision)
     return 0
 

@@ -104,6 +104,10 @@ class LEVConfig:
         )
 
 
+RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("core_attn", "mlp")  # megatron-core's recompute_modules names that apply to a dense layer
+
+
 @dataclass
 class ModelConfig:
     """A LLaMA-style decoder-only GPT; ``variant`` picks the input representation."""
@@ -136,6 +140,12 @@ class ModelConfig:
     compile: bool = False
     # SwiGLU through megatron-core's fused (torch.compile'd) kernel; None -> on for CUDA, off on the CPU
     activation_fusion: bool | None = None
+    # activation recompute (docs/training.md, "Memory levers"): none | selective (model.recompute_modules of every
+    # layer: core_attn, mlp) | full (a layer keeps only its input; model.recompute_layers: the first N layers of
+    # each pipeline stage, null: all of them)
+    recompute: str = "none"
+    recompute_modules: list[str] = field(default_factory=lambda: ["core_attn"])
+    recompute_layers: int | None = None
 
     def resolved_ffn_hidden_size(self) -> int:
         if self.ffn_hidden_size is not None:
@@ -172,6 +182,7 @@ class ModelConfig:
             f"{prefix}.loss_impl",
             f"must be auto, fused, liger or megatron, got {self.loss_impl!r}",
         )
+        self._validate_recompute(prefix)
         require(
             self.loss_chunk_tokens is None or self.loss_chunk_tokens >= 1,
             f"{prefix}.loss_chunk_tokens",
@@ -185,6 +196,36 @@ class ModelConfig:
                 f"b**k = {b}**{self.lev.digits} = {b**self.lev.digits} < vocab_size {self.vocab_size}; "
                 "raise lev.base or lev.digits",
             )
+
+    def _validate_recompute(self, prefix: str) -> None:
+        require(
+            self.recompute in RECOMPUTE,
+            f"{prefix}.recompute",
+            f"must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}",
+        )
+        bad = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        require(
+            not bad and (self.recompute != "selective" or self.recompute_modules),
+            f"{prefix}.recompute_modules",
+            f"a non-empty list of {', '.join(RECOMPUTE_MODULES)}, got {self.recompute_modules!r}",
+        )
+        if self.recompute_layers is not None:
+            require(
+                self.recompute == "full",
+                f"{prefix}.recompute_layers",
+                f"goes with {prefix}.recompute=full (the first N layers of each stage), not {self.recompute!r}",
+            )
+            require(
+                1 <= self.recompute_layers <= self.num_layers,
+                f"{prefix}.recompute_layers",
+                f"must be 1..num_layers={self.num_layers}, or null for every layer; got {self.recompute_layers}",
+            )
+        require(
+            self.recompute == "none" or not self.compile,
+            f"{prefix}.recompute",
+            f"{self.recompute!r} with {prefix}.compile=true is not tested against the eager gradients yet: "
+            "use one of the two",
+        )
 
     def validate_with(self, parallel: "ParallelConfig", data: "DataConfig", prefix: str = "model") -> None:
         """Checks that need other sections: TP divisibility of the sharded input layers and the tokenizer."""

@@ -63,7 +63,9 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   also keeps its stage input and output in DeepSpeed's pipe buffers (``2 e T D``). When accumulating, one more
   tensor: autograd's fresh gradient of the stage's largest weight (``e`` x its elements), which exists next to
   the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No dropout, no sequence
-  parallelism, no activation recomputation (none is implemented).
+  parallelism. ``model.recompute`` (:func:`recompute_bytes`): ``selective`` drops the recomputed modules' tensors
+  (``mlp``: the 5F; ``core_attn``: megatron's softmax, GQA's expanded k and v) and ``full`` keeps only ``e T D``
+  per recomputed layer, each adding once the activations of the layer being recomputed.
 - **logits** (last stage, one micro-batch; :func:`logits_bytes`): ``model.loss_impl=fused`` (model/loss.py)
   holds one chunk of c tokens (``sizes.loss_chunk_tokens``, balanced by ``sizes.balanced_chunk``) at a time:
   ``c * V_pad / TP * (4 + e)`` (the e GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state
@@ -138,6 +140,7 @@ class Plan:
     params_per_rank: int = 0  # parameters held by one rank of that stage (before ZeRO partitioning)
     buffers_in_backward: bool = False  # see buffers_in_backward(): how ``total`` adds the buffers
     loss_impl: str = ""  # model.loss_impl as the build would resolve it (loss_impl())
+    recompute: str = "none"  # model.recompute in words (recompute_text())
 
 
 # ---------------------------------------------------------------- parameters per TP rank
@@ -204,15 +207,44 @@ def attention_kind(m, device: str) -> str:
     return resolved_attention(m.attention_backend)
 
 
-def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str) -> float:
-    """Saved activations of one transformer layer for one micro-batch of ``tokens`` = s x b (see module doc)."""
+def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str, selective: bool = True) -> float:
+    """Saved activations of one transformer layer for one micro-batch of ``tokens`` = s x b (see module doc), less
+    what ``model.recompute=selective`` recomputes (``selective=False``: as if it did not)."""
     D, F, s = m.hidden_size, m.resolved_ffn_hidden_size(), m.seq_length
-    gqa = (m.num_query_groups or m.num_attention_heads) < m.num_attention_heads
-    A = 4 if gqa else 6
-    out = tokens * (2 * (8 + e) * D + e * (A * D + 5 * F) / tp)
-    if attention == "megatron":
-        out += tokens * m.num_attention_heads / tp * s * (4 + e if e != 4 else 4)
+    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
+    modules = set(m.recompute_modules) if selective and m.recompute == "selective" else set()
+    A = 4 if groups < heads else 6
+    if "core_attn" in modules and groups < heads:  # GQA's expanded k, v: the original ones kept instead
+        A -= 2 * (1 - groups / heads)
+    mlp = 0 if "mlp" in modules else 5 * F  # a recomputed MLP keeps its input: the norm's output, counted there
+    out = tokens * (2 * (8 + e) * D + e * (A * D + mlp) / tp)
+    if attention == "megatron" and "core_attn" not in modules:
+        out += tokens * heads / tp * s * (4 + e if e != 4 else 4)
     return out
+
+
+def recompute_text(m) -> str:
+    """``model.recompute`` in the plan's words: ``none``, ``selective (core_attn, mlp)``, ``full (first 2 layers of
+    each stage)``, ``full (every layer)``."""
+    if m.recompute == "selective":
+        return f"selective ({', '.join(m.recompute_modules)})"
+    if m.recompute == "full":
+        n = m.recompute_layers
+        return "full (every layer)" if n is None else f"full (first {n} layer{'s' * (n > 1)} of each stage)"
+    return "none"
+
+
+def recompute_bytes(m, blocks: int, tokens: int, tp: int, e: int, attention: str) -> tuple[float, float]:
+    """``(per micro-batch, working set)`` of a stage's ``blocks`` layers under ``model.recompute``: a layer that
+    ``full`` recomputes keeps only its input (``e T D``); the others keep :func:`layer_activation_bytes`. The
+    working set, once per stage: while a recomputed layer runs its backward its activations are all there again
+    (``full``: a whole layer's; ``selective``: the recomputed modules')."""
+    full = sizes.blocks_to_recompute(m, blocks)
+    per_layer = layer_activation_bytes(m, tokens, tp, e, attention)
+    kept = full * e * tokens * m.hidden_size + (blocks - full) * per_layer
+    whole = layer_activation_bytes(m, tokens, tp, e, attention, selective=False)
+    working = whole if full else (whole - per_layer if m.recompute == "selective" and blocks else 0.0)
+    return kept, working
 
 
 def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
@@ -308,12 +340,12 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
     largest = _largest_tensor(m, tp, st)
     mem = state_bytes(cfg, params, largest, dp, device)
     attn = attention_kind(m, device)
-    per_mb = st["blocks"] * layer_activation_bytes(m, T, tp, e, attn)
+    per_mb, working = recompute_bytes(m, st["blocks"], T, tp, e, attn)
     per_mb += input_activation_bytes(m, T, tp, e) if st["input"] else 0.0
     per_mb += T * (8 + e) * m.hidden_size if st["final"] else 0.0
     per_mb += 2.0 * e * T * m.hidden_size if pp > 1 else 0.0
     in_flight = min(pp - stage, gas) if pp > 1 else 1
-    act = in_flight * per_mb
+    act = in_flight * per_mb + working
     # accumulating: autograd's fresh gradient of the largest weight, before it is added into .grad (with
     # immediate_grad_update, only ever on BF16_Optimizer, no .grad is kept: counted with the gradients instead)
     if gas > 1 and not cfg.parallel.resolved_immediate_grad_update:
@@ -387,6 +419,7 @@ def make_plan(cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_lim
         params_per_rank=params,
         buffers_in_backward=buffers_in_backward(device, p.zero_stage, p.uses_pipeline_engine),
         loss_impl=loss_impl(m, tp, device),
+        recompute=recompute_text(m),
     )
     if mem_limit_gb is not None and memory["total"] > mem_limit_gb * GIB:
         problems.append(_memory_problem(cfg, plan))
@@ -430,7 +463,8 @@ def format_plan(plan: Plan) -> str:
         f"batch: micro {plan.micro_batch} x accumulation {plan.grad_accum} x DP {plan.dp} = global "
         f"{plan.global_batch} sequences x {plan.seq_length} tokens = {plan.tokens_per_step:,} tokens/step",
         f"memory per rank, GiB (pipeline stage {plan.stage} of {plan.pp}; ZeRO {plan.zero_stage}, {plan.precision}, "
-        f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank; loss {plan.loss_impl}):",
+        f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank; loss {plan.loss_impl}; "
+        f"recompute {plan.recompute}):",
     ]
     for k in COMPONENTS:
         lines.append(f"  {k:<12} {mem[k] / GIB:9.2f}")

@@ -161,7 +161,8 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
     ref = plain_losses(tr.model, stream, tr.vocab_size, 64, 64)
     (h,) = rep["heldout"]
     assert h["tokens"] == len(stream) - 1 and h["documents"] == docs
-    assert h["seconds"] > 0 and h["tokens_per_s"] == pytest.approx(h["tokens"] / h["seconds"], rel=0.02)
+    sec = h["seconds"]  # rounded to 0.01 s in the report; the rate is of the unrounded time
+    assert 0 < h["tokens"] / (sec + 0.006) < h["tokens_per_s"] < h["tokens"] / max(sec - 0.006, 1e-3)
     assert f"scored in {h['seconds']:.1f} s: {h['tokens_per_s']:,.0f} target tokens/s" in p.stdout
     assert abs(h["loss"] - ref.mean()) < 1e-5 and abs(h["ppl"] - math.exp(ref.mean())) / h["ppl"] < 1e-4
     counts = np.load(minipile_shards["train"] + ".counts.npy").astype(np.int64)

@@ -309,3 +309,39 @@ def test_cpu_plan_has_no_runtime_and_no_limit():
         + max(mem["activations"] + mem["logits"], mem["buffers"], mem["step"])
     )
     assert "no limit checked" in format_plan(plan)
+
+
+def test_recompute_modes_keep_what_they_say():
+    """model.recompute: selective drops the recomputed modules' tensors (megatron's softmax with core_attn on the
+    megatron backend, the MLP's 5F with mlp), full keeps e T D per recomputed layer; each adds once the activations
+    of the layer being recomputed. Fewer activations, never more parameters or state."""
+    from leviathan_pretrain.plan import layer_activation_bytes
+
+    def plan_of(*o):
+        return make_plan(cfg_of("configs/1.2b-tied.yaml", "model.attention_backend=megatron", *o), 8, 8)
+
+    base, e = plan_of(), 2  # bf16
+    cfg = cfg_of("configs/1.2b-tied.yaml", "model.attention_backend=megatron")
+    m, T, L = cfg.model, cfg.train.micro_batch_size * cfg.model.seq_length, cfg.model.num_layers
+    whole = layer_activation_bytes(m, T, 1, e, "megatron")
+    acts = {}
+    for name, o in {
+        "attn": ("model.recompute=selective",),
+        "mlp": ("model.recompute=selective", "model.recompute_modules=[mlp]"),
+        "full": ("model.recompute=full",),
+        "full2": ("model.recompute=full", "model.recompute_layers=2"),
+    }.items():
+        plan = plan_of(*o)
+        assert {k: plan.memory[k] for k in ("parameters", "optimizer")} == {
+            k: base.memory[k] for k in ("parameters", "optimizer")
+        }
+        acts[name] = plan.memory["activations"]
+        if name == "full2":
+            assert "recompute full (first 2 layers of each stage))" in format_plan(plan)
+    s, heads = m.seq_length, m.num_attention_heads
+    softmax = T * heads * s * (4 + e)  # per layer, what core_attn's recompute drops (and adds back for one layer)
+    assert base.memory["activations"] - acts["attn"] == pytest.approx((L - 1) * softmax)
+    mlp = T * e * 5 * m.resolved_ffn_hidden_size()
+    assert base.memory["activations"] - acts["mlp"] == pytest.approx((L - 1) * mlp)
+    assert base.memory["activations"] - acts["full"] == pytest.approx(L * (whole - e * T * m.hidden_size) - whole)
+    assert acts["full"] < acts["full2"] < base.memory["activations"] and acts["attn"] < base.memory["activations"]

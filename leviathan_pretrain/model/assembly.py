@@ -45,6 +45,7 @@ from leviathan_pretrain.model.gpt import (
     tied_head,
 )
 from leviathan_pretrain.model.head import HeadInput, LossRequest, logits_of, masked_mean  # noqa: F401
+from leviathan_pretrain.model.recompute import mark_blocks
 from leviathan_pretrain.model.settings import BuildSettings
 from leviathan_pretrain.model.tp import copy_to_tp
 
@@ -172,6 +173,9 @@ class GPT(torch.nn.Module):
 def build_model(model, build: BuildSettings, seed: int | None = None) -> GPT:
     """The PP = 1 model of ``model`` (``ModelConfig``); see :class:`GPT`. Parameters are created on the CPU
     (on the current GPU for megatron-core's layers in a CUDA run without ``init_on_cpu``); move the model with
-    ``.to(device)`` (or let DeepSpeed do it)."""
+    ``.to(device)`` (or let DeepSpeed do it). ``model.recompute=full`` marks its first layers
+    (:func:`~.recompute.mark_blocks`)."""
     tconfig = build_transformer_config(model, build)
-    return GPT(model_pieces(model, build, tconfig), config=tconfig, seed=seed)
+    gpt = GPT(model_pieces(model, build, tconfig), config=tconfig, seed=seed)
+    mark_blocks(gpt._funcs, model)
+    return gpt

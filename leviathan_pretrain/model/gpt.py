@@ -31,6 +31,7 @@ megatron-core initialises each shard on the device. The input layers' own tensor
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from leviathan_pretrain.model import sizes, variants
 from leviathan_pretrain.model.attention import CPUSafeRotaryEmbedding, SDPACoreAttention
 from leviathan_pretrain.model.head import HeadOptions, head_forward
+from leviathan_pretrain.model.recompute import active, checkpointed, recomputed
 from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError, resolved_attention
 
 
@@ -226,8 +228,15 @@ def compile_layer(layer: torch.nn.Module, build: BuildSettings) -> None:
     layer.compile()
 
 
+# model.recompute=selective: recompute_modules name -> the layer's submodule (megatron-core's names)
+RECOMPUTED_SUBMODULES = {"core_attn": ("self_attention", "core_attention"), "mlp": ("mlp",)}
+
+
 class BlockPiece(torch.nn.Module):
-    """One ``TransformerLayer`` (``build_module(spec, config, layer_number, pg_collection)``) with its RoPE."""
+    """One ``TransformerLayer`` (``build_module(spec, config, layer_number, pg_collection)``) with its RoPE.
+    ``model.recompute`` (model/recompute.py): ``selective`` checkpoints the submodules ``model.recompute_modules``
+    names (their class becomes its checkpointed subclass: the same parameters and state-dict keys), ``full`` the
+    whole layer when :attr:`recompute` is set (:func:`~.recompute.mark_blocks`)."""
 
     def __init__(self, model, build: BuildSettings, tconfig: TransformerConfig, layer_number: int):
         super().__init__()
@@ -236,11 +245,21 @@ class BlockPiece(torch.nn.Module):
             build_layer_spec(model, build), config=tconfig, layer_number=layer_number, pg_collection=pgs
         )
         self.rotary = build_rotary(model, tconfig)
+        self.recompute = False
+        if model.recompute == "selective":
+            for name in model.recompute_modules:
+                sub = functools.reduce(getattr, RECOMPUTED_SUBMODULES[name], self.layer)
+                sub.__class__ = recomputed(type(sub))
         if model.compile:  # the layer alone: RoPE's per-instance cache stays eager (see compile_layer)
             compile_layer(self.layer, build)
 
     def forward(self, hidden):
         rope = self.rotary(hidden.shape[0], device=hidden.device)  # RoPE where the hidden states are
+        if self.recompute and active(self):
+            return checkpointed(self._layer, hidden, rope)
+        return self._layer(hidden, rope)
+
+    def _layer(self, hidden, rope):
         out = self.layer(hidden, attention_mask=None, rotary_pos_emb=rope)
         return (out[0] if isinstance(out, tuple) else out).contiguous()
 

@@ -162,3 +162,11 @@ def lev_chunk_ids(lev, heads_local: int, device: str) -> int:
     else:
         budget = LEV_CHUNK_BYTES["cpu" if device == "cpu" else "cuda"]
     return max(1, int(budget // lev_chunk_bytes_per_id(heads_local, lev.seed_dim, lev.knots, lev.rank)))
+
+
+def blocks_to_recompute(model, blocks: int) -> int:
+    """How many of a stage's ``blocks`` transformer layers ``model.recompute=full`` recomputes (0 otherwise): the
+    first ``model.recompute_layers`` (null: all)."""
+    if model.recompute != "full":
+        return 0
+    return blocks if model.recompute_layers is None else min(blocks, model.recompute_layers)

@@ -18,6 +18,7 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from leviathan_pretrain.model import BuildSettings, mean_loss, model_pieces, seed_piece
+from leviathan_pretrain.model.recompute import mark_blocks
 
 
 class PipeLoss:
@@ -53,4 +54,5 @@ def build_pipeline(
         base_seed=seed,
         partition_method="type:BlockPiece",
     )
+    mark_blocks(module.forward_funcs, model)  # model.recompute=full: the first layers of this rank's stage
     return module, loss

@@ -114,6 +114,7 @@ def events(name: str, what: str) -> list[dict]:
 # 20 losses are comparable with the first 20 of the uninterrupted 60-step runs.
 TRAJ = ("train.steps=60", "train.exit_at_step=20")
 FULL = ("train.steps=60",)
+PP2 = ("parallel.zero_stage=1", "parallel.pipeline_parallel=2")
 
 
 @functools.cache
@@ -204,6 +205,15 @@ def pipe_runs() -> dict:
             spec("pp2_full", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"),
             spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "train.exit_at_step=30"),
             spec("pp2_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "model.variant=tied"),
+            # model.recompute (tests/test_recompute_tp.py): the runs of pp2_full and dp2_z3, recomputing
+            spec("pp2_recompute", *TRAJ, *PP2, "model.recompute=full", "model.recompute_layers=1"),
+            spec(
+                "dp2_z3_recompute",
+                *TRAJ,
+                "parallel.zero_stage=3",
+                "model.recompute=selective",
+                "model.recompute_modules=[core_attn,mlp]",
+            ),  # fmt: skip
         ],
         nprocs=2,
     )
