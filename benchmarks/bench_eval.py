@@ -58,15 +58,27 @@ def run(cmd: list[str], what: str) -> None:
                  f"{done.stderr[-3000:]}")  # fmt: skip
 
 
+def fresh_request(out: Path, steps: int, nprocs: int):
+    """The demo's request for ``steps`` steps into ``out``, its training directory ``out/train`` fresh: one the demo
+    (or this benchmark) made is replaced, as ``demo --overwrite`` does; any other is refused, nothing deleted."""
+    from leviathan_pretrain import demo
+
+    req = demo.parse(["--out", str(out), "--steps", str(steps), "--nprocs", str(nprocs), "logging.log_interval=5"])
+    try:
+        demo.prepare_run_dir(req.run_dir, overwrite=True)
+    except demo.DemoError as e:
+        sys.exit(f"error: {e}")
+    return req
+
+
 def train_tokens_per_s(out: Path, data, steps: int, nprocs: int) -> float:
-    """The demo's training command for ``steps`` steps into ``out`` (fresh); the median logged tokens/s after the
-    first log interval."""
+    """The demo's training command for ``steps`` steps into ``out/train`` (fresh); the median logged tokens/s
+    after the first log interval."""
     from leviathan_pretrain import demo
     from leviathan_pretrain.rundir import train_log
     from leviathan_pretrain.rundir.layout import RunLayout
 
-    shutil.rmtree(out, ignore_errors=True)
-    req = demo.parse(["--out", str(out), "--steps", str(steps), "--nprocs", str(nprocs), "logging.log_interval=5"])
+    req = fresh_request(out, steps, nprocs)
     run(demo.trainer_command(req, data), "training")
     rates = [r["perf/tokens_per_s"] for r in train_log.records(RunLayout(req.run_dir).train_log)
              if "perf/tokens_per_s" in r]  # fmt: skip

@@ -43,6 +43,16 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def read_json(path: str | os.PathLike) -> dict:
+    """A JSON object from ``path``; ``{}`` when it is missing, unreadable or not a JSON object (the callers' records
+    are rebuilt or taken as absent then)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
     """Write ``obj`` as JSON (indent 1, UTF-8, keys in their order, newline-terminated) atomically."""
     write_bytes_atomic(path, (json.dumps(obj, indent=1, ensure_ascii=False, sort_keys=False) + "\n").encode())

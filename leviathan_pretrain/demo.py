@@ -20,7 +20,6 @@ starts the training over. Exit code: the trainer's (0 done; 75 stopped early wit
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from data_prep import options as cli
 from data_prep.demo import run_demo
 from data_prep.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
+from data_prep.fileio import read_json
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.tokenizer import open_cached
@@ -237,7 +237,7 @@ def training_complete(req: Request) -> str | None:
         tag = (ck / "latest").read_text().strip()
     except (OSError, UnicodeDecodeError):
         return None
-    record = _read_json(ck / tag / "leviathan.json") if tag else {}
+    record = read_json(ck / tag / "leviathan.json") if tag else {}
     steps = ((record.get("config") or {}).get("train") or {}).get("steps")
     done = not req.overrides and not req.overwrite and record.get("step") == steps == req.steps
     return tag if done else None
@@ -296,24 +296,16 @@ def _short(path: Path) -> str:
         return str(path)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def report_up_to_date(run_dir: Path, tag: str, wikitext: str | None) -> bool:
     """Whether ``eval/<tag>.json`` already holds what this evaluation would write: the same checkpoint, and a
     WikiText result when one is asked for (one there already is kept when none is)."""
-    report = _read_json(RunLayout(run_dir).report(tag))
+    report = read_json(RunLayout(run_dir).report(tag))
     return report.get("tag") == tag and (not wikitext or bool(report.get("wikitext")))
 
 
 def export_up_to_date(run_dir: Path, hf_dir: Path, tag: str) -> bool:
     """Whether ``hf_dir`` holds our export of checkpoint ``tag`` of this run."""
-    mark = _read_json(hf_dir / "leviathan_export.json")
+    mark = read_json(hf_dir / "leviathan_export.json")
     same_run = mark.get("source_run") and Path(mark["source_run"]).resolve() == Path(run_dir).resolve()
     return bool(same_run) and mark.get("tag") == tag and (hf_dir / "config.json").is_file()
 
@@ -356,7 +348,7 @@ def evaluate_and_export(req: Request, clock: Clock | None = None) -> int:
     t = clock.lap("evaluation", t)
     if rc != 0:
         return rc
-    if not _read_json(layout.report(tag)).get("wikitext"):
+    if not read_json(layout.report(tag)).get("wikitext"):
         print("[demo] (no WikiText file: give --wikitext PATH/wiki.test.raw for the zero-shot word perplexity)")
     cmd = [sys.executable, "-m", "leviathan_pretrain.export_hf", "--run", str(run_dir), "--out", str(hf_dir)]
     cmd += ["--overwrite"] if (hf_dir / "leviathan_export.json").is_file() else []  # only our own earlier export
@@ -377,7 +369,7 @@ def explain(run_dir: Path) -> None:
         tag = (layout.checkpoints / "latest").read_text().strip()
     except OSError:
         return
-    report = _read_json(layout.report(tag))
+    report = read_json(layout.report(tag))
     held = (report.get("heldout") or [{}])[0]
     if "ppl" not in held:
         return

@@ -164,8 +164,14 @@ def _counts(trained, parameters: int) -> tuple[str, str]:
     """The export's count and the run's trained parameters, in model/counts.py's words."""
     from leviathan_pretrain.model import counts
 
-    m = trained.cfg.model
-    return counts.exported_text(m, parameters), counts.trained_text(counts.param_summary(m, trained.record.layout.tp))
+    return counts.exported_text(trained.cfg.model, parameters), counts.trained_text(_trained_counts(trained))
+
+
+def _trained_counts(trained) -> dict:
+    """The run's trained parameters by part (model/counts.py ``param_summary``, at the TP it trained with)."""
+    from leviathan_pretrain.model import counts
+
+    return counts.param_summary(trained.cfg.model, trained.record.layout.tp)
 
 
 def load_checked(run_dir, step: int | None, checkpoint_dir, tokenizer):
@@ -255,15 +261,9 @@ def _marker(run_dir, trained, tok_record: dict, dtype: str, parameters: int) -> 
         **tok_record,
         "dtype": dtype,
         "parameters": parameters,  # the exported parameters (model/counts.py): the Llama's, embed_tokens V x D
-        "trained_parameters": _trained_total(trained),
+        "trained_parameters": _trained_counts(trained)["total"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def _trained_total(trained) -> int:
-    from leviathan_pretrain.model import counts
-
-    return counts.param_breakdown(trained.cfg.model, trained.record.layout.tp)["total"]
 
 
 def publish(tmp: Path, out: Path, overwrite: bool) -> list[str]:

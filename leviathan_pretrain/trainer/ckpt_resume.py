@@ -31,7 +31,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep.fileio import write_bytes_atomic
+from data_prep.fileio import read_json, write_bytes_atomic
 from leviathan_pretrain.configlib import ConfigError
 from leviathan_pretrain.trainer.ckpt_names import (
     LATEST,
@@ -133,11 +133,7 @@ def _ours_all(ckpt_dir: Path) -> list[str]:
 
 
 def _applied(ckpt_dir: Path) -> dict:
-    try:
-        data = json.loads((Path(ckpt_dir) / APPLIED).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(Path(ckpt_dir) / APPLIED)
 
 
 def _mark_applied(ckpt_dir: Path, key: str, value) -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from data_prep.fileio import write_bytes_atomic
+from data_prep.fileio import read_json, write_bytes_atomic
 from leviathan_pretrain.config import Config
 
 STAMP = "leviathan_data_cache.json"  # in the cache dir: which index sets are complete, and their files
@@ -32,15 +32,6 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` under a temporary name in the same directory, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, text.encode())
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from ``path``; ``{}`` when it is missing or not a JSON object (then it is rebuilt)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def file_key(path: Path) -> dict:
