@@ -435,6 +435,18 @@ class Config:
             "parallel.tensor_parallel",
             f"tensor_parallel={tp} does not divide model.num_query_groups={groups}",
         )
+        require(
+            not p.sequence_parallel or m.seq_length % tp == 0,
+            "parallel.sequence_parallel",
+            f"splits the sequence over tensor_parallel={tp} ranks, which does not divide model.seq_length="
+            f"{m.seq_length}; set model.seq_length to a multiple of {tp}",
+        )
+        require(
+            not (p.sequence_parallel and m.compile),
+            "parallel.sequence_parallel",
+            "with model.compile=true is not tested against the eager gradients yet (the sequence-parallel "
+            "collectives inside a compiled layer); set model.compile=false",
+        )
         m.validate_with(p, self.data)
         require(
             self.optim.lev_lr_mult == 1.0 or m.variant == "lev",

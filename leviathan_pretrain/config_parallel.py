@@ -32,7 +32,9 @@ class ParallelConfig:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     pipeline_engine: bool = False  # use DeepSpeed's pipeline engine even at pipeline_parallel=1
-    sequence_parallel: bool = False  # refused at load: not implemented end to end (see validate)
+    # Megatron's sequence parallelism at TP >= 2: the norms, residuals and the input layer's output are split along
+    # the sequence over the TP group (all-reduces become reduce-scatter + all-gather); model/tp.py, model/sp.py
+    sequence_parallel: bool = False
     zero_stage: int = 1
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | nccl | gloo
     precision: str = "fp32"  # fp32 | bf16 | fp16
@@ -118,12 +120,10 @@ class ParallelConfig:
         require(self.timeout_minutes > 0, f"{prefix}.timeout_minutes", "must be > 0")
         require(self.init_timeout_minutes > 0, f"{prefix}.init_timeout_minutes", "must be > 0")
         require(
-            not self.sequence_parallel,
+            not self.sequence_parallel or self.tensor_parallel >= 2,
             f"{prefix}.sequence_parallel",
-            "not supported yet: megatron-core's WrappedTorchNorm refuses sequence parallelism (it needs "
-            "Apex or Transformer Engine norms) and DeepSpeed does not all-reduce the sequence-parallel norm "
-            "gradients over the tensor-parallel group (megatron's finalize_model_grads is never called), so "
-            "the norms would train wrongly; set it to false",
+            f"splits the sequence over the tensor-parallel group, which has 1 rank here (tensor_parallel="
+            f"{self.tensor_parallel}); set parallel.tensor_parallel >= 2 or sequence_parallel=false",
         )
 
     @property

@@ -71,12 +71,6 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(bad)
 
 
-def test_sequence_parallel_is_refused_at_load_with_the_reason():
-    """Not implemented end to end (norm gradients are not all-reduced over TP): refused, not offered."""
-    with pytest.raises(ConfigError, match=r"parallel\.sequence_parallel: not supported yet: .*WrappedTorchNorm"):
-        load_config(None, ["parallel.sequence_parallel=true"])
-
-
 def test_two_timeouts_and_optional_peak_flops():
     cfg = load_config(None, ["model.vocab_size=32000"])
     assert (cfg.parallel.timeout_minutes, cfg.parallel.init_timeout_minutes, cfg.logging.peak_flops) == (

@@ -44,10 +44,9 @@ from leviathan_pretrain.model.gpt import (
     build_transformer_config,
     tied_head,
 )
-from leviathan_pretrain.model.head import HeadInput, LossRequest, logits_of, masked_mean  # noqa: F401
+from leviathan_pretrain.model.head import HeadInput, LossRequest, head_entry, logits_of, masked_mean  # noqa: F401
 from leviathan_pretrain.model.recompute import mark_blocks
 from leviathan_pretrain.model.settings import BuildSettings
-from leviathan_pretrain.model.tp import copy_to_tp
 
 # The state-dict layout described above. 1: megatron-core GPTModel at PP = 1 (embedding.*, decoder.layers.N.*,
 # output_layer.*) and stage classes in the pipeline; 2: the pieces. Bump when names change, so a checkpoint
@@ -152,11 +151,11 @@ class GPT(torch.nn.Module):
         return self._funcs[-1](LossRequest(hidden, labels, loss_mask))
 
     def head_input(self, input_ids, position_ids=None) -> HeadInput:
-        """The final hidden states ``[s, b, D]`` (through ``copy_to_tp``) and the head weight ``[V_pad / tp, D]``,
-        for either ``model.loss_impl``."""
+        """The final hidden states ``[s, b, D]`` (through ``copy_to_tp``, or gathered under sequence parallelism:
+        :func:`~.head.head_entry`) and the head weight ``[V_pad / tp, D]``, for either ``model.loss_impl``."""
         owner = self._head_owner
         group = owner.tp_group
-        hidden = copy_to_tp(self._hidden(input_ids, position_ids), group)
+        hidden = head_entry(self._hidden(input_ids, position_ids), group, owner.head_options)
         return HeadInput(hidden, self.head_weight, group, owner.head_options.fused_chunk)  # the fp32-sized chunk
 
     @property

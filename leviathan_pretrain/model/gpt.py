@@ -48,6 +48,7 @@ from leviathan_pretrain.model.attention import CPUSafeRotaryEmbedding, SDPACoreA
 from leviathan_pretrain.model.head import HeadOptions, head_forward
 from leviathan_pretrain.model.recompute import active, checkpointed, recomputed
 from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError, resolved_attention
+from leviathan_pretrain.model.sp import SPColumnParallelLinear, SPRMSNorm, SPRowParallelLinear
 
 
 def attention_backend(model, build: BuildSettings) -> str:
@@ -156,16 +157,38 @@ def _replace(spec, path: str, module):
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **{head: sub}))
 
 
+def sequence_parallel(build: BuildSettings) -> bool:
+    """Whether ``parallel.sequence_parallel`` is in effect: on, with a tensor-parallel group of 2 or more."""
+    return bool(build.sequence_parallel) and build.tensor_parallel > 1
+
+
+def norm_spec(build: BuildSettings):
+    """The RMSNorm of the layers and the final norm: megatron-core's ``WrappedTorchNorm`` (``torch.nn.RMSNorm``),
+    or under sequence parallelism :class:`~.sp.SPRMSNorm` (the same module and key; its weight's gradient summed
+    over TP)."""
+    if sequence_parallel(build):
+        return ModuleSpec(module=SPRMSNorm, params={"tp_group": build.tp_group})
+    return WrappedTorchNorm
+
+
 def build_layer_spec(model, build: BuildSettings) -> ModuleSpec:
     """``ModuleSpec`` of one ``TransformerLayer`` (megatron-core's local spec, RMSNorm); on the ``sdpa``
     backend its ``self_attention.submodules.core_attention`` is :class:`SDPACoreAttention`; with
-    ``model.compile`` its two row-parallel linears are :class:`GroupRowParallelLinear`."""
+    ``model.compile`` its two row-parallel linears are :class:`GroupRowParallelLinear`; under sequence
+    parallelism its linears and norms are model/sp.py's (the same parameters and keys)."""
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if attention_backend(model, build) == "sdpa":
         spec = _replace(spec, "self_attention.core_attention", SDPACoreAttention)
     if model.compile:
         spec = _replace(spec, "self_attention.linear_proj", GroupRowParallelLinear)
         spec = _replace(spec, "mlp.linear_fc2", GroupRowParallelLinear)
+    if sequence_parallel(build):
+        for path in ("self_attention.linear_qkv", "mlp.linear_fc1"):
+            spec = _replace(spec, path, SPColumnParallelLinear)
+        for path in ("self_attention.linear_proj", "mlp.linear_fc2"):
+            spec = _replace(spec, path, SPRowParallelLinear)
+        for path in ("input_layernorm", "pre_mlp_layernorm"):
+            spec = _replace(spec, path, norm_spec(build))
     return spec
 
 
@@ -245,6 +268,7 @@ class BlockPiece(torch.nn.Module):
             build_layer_spec(model, build), config=tconfig, layer_number=layer_number, pg_collection=pgs
         )
         self.rotary = build_rotary(model, tconfig)
+        self.seq_shards = build.tensor_parallel if sequence_parallel(build) else 1  # RoPE spans the whole sequence
         self.recompute = False
         if model.recompute == "selective":
             for name in model.recompute_modules:
@@ -254,7 +278,8 @@ class BlockPiece(torch.nn.Module):
             compile_layer(self.layer, build)
 
     def forward(self, hidden):
-        rope = self.rotary(hidden.shape[0], device=hidden.device)  # RoPE where the hidden states are
+        # RoPE where the hidden states are, over the whole sequence (under SP ``hidden`` holds 1 / tp of it)
+        rope = self.rotary(hidden.shape[0] * self.seq_shards, device=hidden.device)
         if self.recompute and active(self):
             return checkpointed(self._layer, hidden, rope)
         return self._layer(hidden, rope)
@@ -267,12 +292,13 @@ class BlockPiece(torch.nn.Module):
 class FinalNorm(torch.nn.Module):
     """The final RMSNorm: megatron-core's ``WrappedTorchNorm`` (``torch.nn.RMSNorm``), the class the local spec's
     layer norms use, never ``transformer_block.LayerNormImpl``: that is TENorm with Transformer Engine, and the
-    Apex ``FusedLayerNorm`` (which refuses RMSNorm) whenever ``apex`` is importable."""
+    Apex ``FusedLayerNorm`` (which refuses RMSNorm) whenever ``apex`` is importable. Under sequence parallelism
+    :class:`~.sp.SPRMSNorm` (:func:`norm_spec`)."""
 
     def __init__(self, model, build: BuildSettings, tconfig: TransformerConfig):
         super().__init__()
         self.final_layernorm = build_module(
-            WrappedTorchNorm, config=tconfig, hidden_size=tconfig.hidden_size, eps=tconfig.layernorm_epsilon
+            norm_spec(build), config=tconfig, hidden_size=tconfig.hidden_size, eps=tconfig.layernorm_epsilon
         )
 
     def forward(self, hidden):
@@ -298,6 +324,6 @@ class OutputPiece(MegatronModule):
         )
 
     def forward(self, hidden):
-        return head_forward(
-            hidden, self.output_layer.weight, self.tp_group, self.head_options, lambda h: self.output_layer(h)[0]
-        )
+        # under SP the head gathers the sequence and multiplies by its weight itself (head_forward)
+        unfused = None if self.head_options.sequence_parallel else (lambda h: self.output_layer(h)[0])
+        return head_forward(hidden, self.output_layer.weight, self.tp_group, self.head_options, unfused)

@@ -27,6 +27,7 @@ from megatron.core import tensor_parallel
 from data_prep.dtypes import nbytes
 from leviathan_pretrain.model import loss as fused
 from leviathan_pretrain.model import loss_liger, sizes
+from leviathan_pretrain.model.sp import gather_seq
 from leviathan_pretrain.model.tp import copy_to_tp
 
 
@@ -65,6 +66,7 @@ class HeadOptions:
     chunk: int  # tokens per chunk of the training mean
     token_chunk: int | None = None  # tokens per chunk of model/loss.py's per-token loss; None: ``chunk``
     requested: str | None = None  # None: ``impl``
+    sequence_parallel: bool = False  # the hidden states arrive as [s / tp, b, D]: gathered, not copied, at entry
 
     @classmethod
     def of(cls, model, build, vocab_local: int) -> "HeadOptions":
@@ -77,7 +79,8 @@ class HeadOptions:
         chunk = fp32
         if impl == "liger":
             chunk = sizes.loss_chunk_tokens(vocab_local, device, model.loss_chunk_tokens, nbytes(build.precision))
-        return cls(impl, chunk, fp32, model.loss_impl)
+        sp = bool(build.sequence_parallel) and build.tensor_parallel > 1
+        return cls(impl, chunk, fp32, model.loss_impl, sp)
 
     @property
     def fused_chunk(self) -> int:
@@ -85,17 +88,25 @@ class HeadOptions:
         return self.chunk if self.token_chunk is None else self.token_chunk
 
 
+def head_entry(x: torch.Tensor, group, opts: HeadOptions) -> torch.Tensor:
+    """The hidden states as the vocab-parallel head takes them, ``[s, b, D]`` on every TP rank: ``copy_to_tp``
+    (identity; the input gradient summed over TP), or under sequence parallelism the all-gather of the ranks'
+    ``[s / tp, b, D]`` (the input gradient reduce-scattered: the same sum, each rank keeping its slice)."""
+    return gather_seq(x, group) if opts.sequence_parallel else copy_to_tp(x, group)
+
+
 def head_forward(x, weight: torch.Tensor, group, opts: HeadOptions, unfused=None):
-    """``hidden [s, b, D]`` -> logits (``megatron``: ``unfused(hidden)``, else ``hidden @ weight^T``) or a
-    :class:`HeadInput` (``fused``); a :class:`LossRequest` -> its loss (see the module doc)."""
+    """``hidden [s, b, D]`` (``[s / tp, b, D]`` under sequence parallelism) -> logits (``megatron``:
+    ``unfused(hidden)``, else ``hidden @ weight^T``) or a :class:`HeadInput` (``fused``); a :class:`LossRequest`
+    -> its loss (see the module doc)."""
     if isinstance(x, LossRequest):
         out = head_forward(x.hidden, weight, group, opts, unfused)
         return token_loss(out, x.labels) if x.mask is None else mean_loss(out, x.labels, x.mask)
     if opts.impl in ("fused", "liger"):
-        return HeadInput(copy_to_tp(x, group), weight, group, opts.fused_chunk, opts)
-    if unfused is not None:
+        return HeadInput(head_entry(x, group, opts), weight, group, opts.fused_chunk, opts)
+    if unfused is not None and not opts.sequence_parallel:
         return unfused(x)
-    return torch.matmul(copy_to_tp(x, group), weight.t())
+    return torch.matmul(head_entry(x, group, opts), weight.t())
 
 
 def logits_of(out) -> torch.Tensor:

@@ -5,8 +5,8 @@
 - :class:`UniqueIdInput`: the base of every layer whose row is a *function* of the token id (LEV, ALBERT,
   the MLP ablations). It computes the rows once per unique id of the micro-batch
   (``torch.unique(return_inverse=True)``), sums this rank's partial rows over the TP group
-  (``reduce_from_tensor_model_parallel_region``; a ``reduce_scatter_to_sequence_parallel_region`` along the
-  sequence under sequence parallelism) and indexes them back to ``[s, b, D]``. ``materialize()`` returns the
+  (``reduce_from_tensor_model_parallel_region``; under sequence parallelism a reduce-scatter along the
+  sequence after the indexing, model/sp.py) and indexes them back to ``[s, b, D]``. ``materialize()`` returns the
   full ``V x D`` table and ``enable_lookup()`` turns the layer into a plain table lookup (inference).
 - :class:`AlbertInput`, :class:`FlatMLPInput`, :class:`FactoredMLPInput`: the paper's baselines/ablations.
   The MLPs shard their hidden layer over TP like LEV shards its heads. :class:`~.lev.LEVInput` lives in lev.py.
@@ -33,14 +33,13 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from leviathan_pretrain.model import sizes
 from leviathan_pretrain.model.settings import ModelConfigError, group_size
+from leviathan_pretrain.model.sp import reduce_scatter_seq, split_seq
 from leviathan_pretrain.model.tp import (
     const_init,
     copy_to_tp,
     normal_init,
     reduce_from_tp,
-    reduce_scatter_to_sp,
     replicated_param,
-    scatter_to_sp,
     sharded_param,
 )
 
@@ -121,7 +120,22 @@ class TableInput(LanguageModelEmbedding):
     def forward(self, input_ids, position_ids=None, tokentype_ids=None, unique: UniqueIds | None = None):
         """``unique`` (the unique-id layers' input) is ignored: a table looks every token up."""
         check_token_ids(input_ids, self.token_vocab_size)
+        if self.config.sequence_parallel and group_size(self.tp_group) > 1:
+            return self._sequence_parallel_forward(input_ids)
         return super().forward(input_ids, position_ids, tokentype_ids)
+
+    def _sequence_parallel_forward(self, input_ids):
+        """megatron-core's vocab-parallel lookup (this rank's rows, zero elsewhere), then the sum over TP as a
+        reduce-scatter along the sequence (model/sp.py: megatron's own allocates on CUDA) -> ``[s / tp, b, D]``."""
+        emb = self.word_embeddings
+        outside = (input_ids < emb.vocab_start_index) | (input_ids >= emb.vocab_end_index)
+        local = input_ids - emb.vocab_start_index
+        local[outside] = 0
+        rows = F.embedding(local, emb.weight)
+        rows[outside, :] = 0.0
+        x = reduce_scatter_seq(rows.transpose(0, 1).contiguous(), self.tp_group)
+        x = x.float() if self.config.fp32_residual_connection else x
+        return self.embedding_dropout(x)  # dropout is 0 (gpt.py): no RNG fork
 
 
 class UniqueIdInput(MegatronModule):
@@ -185,20 +199,19 @@ class UniqueIdInput(MegatronModule):
         health figures) keeps the ``count`` true ids' only. None here."""
 
     def _finish(self, x, partial: bool, indexed: bool, inverse=None):
+        """Rows (``indexed``: already ``[s, b, D]``) -> the layer's output: summed over TP when ``partial``; under
+        sequence parallelism this rank's ``[s / tp, b, D]`` (partial rows: reduce-scatter along the sequence, the
+        LEV spec's TP sum; replicated ones: the rank's slice). Dropout is always 0 here (gpt.py): no RNG fork."""
         sp = self.config.sequence_parallel
         if not indexed:
             if partial and not sp:
                 x = reduce_from_tp(x, self.tp_group)
             x = x[inverse.t()]  # [s, b, D]
             if sp:
-                x = reduce_scatter_to_sp(x, self.tp_group) if partial else scatter_to_sp(x, self.tp_group)
+                x = reduce_scatter_seq(x, self.tp_group) if partial else split_seq(x, self.tp_group)
         elif sp:
-            x = scatter_to_sp(x, self.tp_group)
+            x = split_seq(x, self.tp_group)
         x = x.float() if self.config.fp32_residual_connection else x.to(self.config.params_dtype)
-        if sp:
-            x = x.clone()
-            with tensor_parallel.get_cuda_rng_tracker().fork():
-                return self.embedding_dropout(x)
         return self.embedding_dropout(x)
 
     # -- inference -----------------------------------------------------------------------------

@@ -60,16 +60,6 @@ def reduce_from_tp(x, group):
     return tensor_parallel.reduce_from_tensor_model_parallel_region(x, group=group) if group_size(group) > 1 else x
 
 
-def reduce_scatter_to_sp(x, group):
-    if group_size(group) > 1:
-        return tensor_parallel.reduce_scatter_to_sequence_parallel_region(x, group=group)
-    return x
-
-
-def scatter_to_sp(x, group):
-    return tensor_parallel.scatter_to_sequence_parallel_region(x, group=group) if group_size(group) > 1 else x
-
-
 def all_gather_dim0(t: torch.Tensor, group) -> torch.Tensor:
     """``t`` from every rank of ``group``, concatenated along dim 0 (``t`` itself without TP); a collective."""
     if group_size(group) == 1:

@@ -79,6 +79,11 @@ def deepspeed_config(cfg: Config, dp: int, own_clipping: bool, cuda: bool = Fals
     }
     if p.precision == "bf16":  # fp32: BF16_Optimizer at ZeRO 1 (never the pipeline engine), fp32 partitions at 2/3
         ds["data_types"] = {"grad_accum_dtype": p.resolved_grad_accum_dtype}
+    if p.sequence_parallel:
+        # With TP > 1 the pipeline engine by default sends 1 / tp of each stage's output per TP rank and all-gathers
+        # it on the next stage: right only when every TP rank holds the same tensor. Under SP each holds its own
+        # slice of the sequence (the same bytes per rank): partitioning would mix the ranks' slices, silently.
+        ds["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     return ds
 
 

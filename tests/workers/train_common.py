@@ -115,6 +115,8 @@ def events(name: str, what: str) -> list[dict]:
 TRAJ = ("train.steps=60", "train.exit_at_step=20")
 FULL = ("train.steps=60",)
 PP2 = ("parallel.zero_stage=1", "parallel.pipeline_parallel=2")
+TP2_SP = ("parallel.tensor_parallel=2", "parallel.sequence_parallel=true")
+BF16 = ("parallel.precision=bf16", "parallel.zero_stage=1")
 
 
 @functools.cache
@@ -168,6 +170,12 @@ def dp_tp_runs() -> dict:
             spec("dp2_z3", *TRAJ, "parallel.zero_stage=3"),
             spec("dp2_z0", *TRAJ, "parallel.zero_stage=0", "train.eval_interval=0"),
             spec("dp2_z2", *TRAJ, "parallel.zero_stage=2", "train.eval_interval=0"),
+            # parallel.sequence_parallel (tests/test_sequence_parallel.py): tp2's run with SP, at ZeRO 1 and 3, and a
+            # bf16 pair (BF16_Optimizer's immediate_grad_update takes each gradient in a hook during backward)
+            spec("tp2_sp", *TRAJ, *TP2_SP, "parallel.zero_stage=1", "logging.log_interval=1"),
+            spec("tp2_sp_z3", *TRAJ, *TP2_SP, "parallel.zero_stage=3", "train.eval_interval=0"),
+            spec("tp2_bf16", *TRAJ, *BF16, "parallel.tensor_parallel=2", "train.eval_interval=0"),
+            spec("tp2_sp_bf16", *TRAJ, *BF16, *TP2_SP, "train.eval_interval=0"),
         ],
         nprocs=2,
     )
@@ -228,6 +236,14 @@ def pipe_resume_runs() -> dict:
 
 
 @functools.cache
+def sp_resume_runs() -> dict:
+    """tp2_sp's checkpoint (step 20, trained with sequence parallelism) resumed with it off, to step 26."""
+    dp_tp_runs()
+    over = ("parallel.zero_stage=1", "parallel.tensor_parallel=2", "parallel.sequence_parallel=false")
+    return launch("sp_resume", [spec("tp2_sp", "train.steps=60", "train.exit_at_step=26", *over)], nprocs=2)
+
+
+@functools.cache
 def four_process_runs() -> dict:
     """PP=2 combined with TP=2 and with DP=2 (4 processes): megatron-core's and DeepSpeed's rank grids agree."""
     return launch(
@@ -240,6 +256,15 @@ def four_process_runs() -> dict:
                 "parallel.zero_stage=1",
                 "parallel.pipeline_parallel=2",
                 "parallel.tensor_parallel=2",
+                "train.eval_interval=0",
+            ),
+            spec(
+                "pp2_tp2_sp",
+                "train.steps=60",
+                "train.exit_at_step=6",
+                "parallel.zero_stage=1",
+                "parallel.pipeline_parallel=2",
+                *TP2_SP,
                 "train.eval_interval=0",
             ),
             spec(
