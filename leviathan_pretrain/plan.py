@@ -62,10 +62,16 @@ except where DeepSpeed's bucket is live during backward (ZeRO >= 1 on GPU, see :
   ids, an upper bound), the last stage the final norm ``T (8 + e) D``; with PP > 1 each micro-batch in flight
   also keeps its stage input and output in DeepSpeed's pipe buffers (``2 e T D``). When accumulating, one more
   tensor: autograd's fresh gradient of the stage's largest weight (``e`` x its elements), which exists next to
-  the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No dropout, no sequence
-  parallelism. ``model.recompute`` (:func:`recompute_bytes`): ``selective`` drops the recomputed modules' tensors
+  the accumulated ``.grad`` until it is added in (the head's, at the start of backward). No dropout.
+  ``model.recompute`` (:func:`recompute_bytes`): ``selective`` drops the recomputed modules' tensors
   (``mlp``: the 5F; ``core_attn``: megatron's softmax, GQA's expanded k and v) and ``full`` keeps only ``e T D``
   per recomputed layer, each adding once the activations of the layer being recomputed.
+  ``parallel.sequence_parallel`` (Megatron's sequence parallelism, TP >= 2; :mod:`.plan_activations`): what every TP
+  rank holds in full without it is the sequence shard, divided by TP: the norms' ``2 (8 + e) D`` (the
+  column-parallel linears' inputs among them: saved as the shard, gathered again in backward), a fully recomputed
+  layer's ``e T D``, the final norm's ``T (8 + e) D``, the pipe buffers' ``2 e T D``; ``e (A D + 5 F) / TP`` and
+  the input layer's tensors are unchanged. The head all-gathers the sequence first and keeps its input ``e T D`` in
+  full (counted only with SP: without it that tensor is the final norm's output).
 - **logits** (last stage, one micro-batch; :func:`logits_bytes`): ``model.loss_impl=fused`` (model/loss.py)
   holds one chunk of c tokens (``sizes.loss_chunk_tokens``, balanced by ``sizes.balanced_chunk``) at a time:
   ``c * V_pad / TP * (4 + e)`` (the e GEMM output next to its fp32 copy; 4 alone in fp32), the hidden-state
@@ -94,8 +100,9 @@ CPU-applicable parts against the real trainer's peak RSS (within ~5% low at the 
 
 Problems (``plan.problems``, filled by :func:`make_plan`; :func:`plan_problems` returns them): TP x PP not
 dividing the world size, a global batch that is not a multiple of micro batch x DP, PP > num_layers, fp16 or
-``attention_backend=megatron`` on CPU, and the estimated total over ``mem_limit_gb``. What config loading
-already refuses (TP not dividing the heads, ZeRO > 1 with PP > 1) is not checked again.
+``attention_backend=megatron`` on CPU, and the estimated total over ``mem_limit_gb``, which names up to three
+layouts that fit on the same nodes (:func:`fitting_layouts`) as overrides. What config loading already refuses
+(TP not dividing the heads, ZeRO > 1 with PP > 1, sequence parallelism at TP = 1) is not checked again.
 """
 
 from __future__ import annotations
@@ -103,9 +110,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from data_prep.dtypes import DTYPES, nbytes
+from leviathan_pretrain import plan_layouts
 from leviathan_pretrain.config_parallel import accumulation_steps, batch_problem
 from leviathan_pretrain.model import counts, sizes, variants
-from leviathan_pretrain.model.settings import liger_installed, resolved_attention, resolved_loss_impl
+from leviathan_pretrain.model.settings import liger_installed, resolved_loss_impl
+from leviathan_pretrain.plan_activations import (  # noqa: F401 (re-exported)
+    attention_kind,
+    input_activation_bytes,
+    layer_activation_bytes,
+    recompute_bytes,
+    recompute_text,
+    stage_activation_bytes,
+)
+from leviathan_pretrain.plan_layouts import Layout
 from leviathan_pretrain.stages import partition_balanced, stage_layout  # noqa: F401 (re-exported)
 
 GIB = 2**30
@@ -141,6 +158,7 @@ class Plan:
     buffers_in_backward: bool = False  # see buffers_in_backward(): how ``total`` adds the buffers
     loss_impl: str = ""  # model.loss_impl as the build would resolve it (loss_impl())
     recompute: str = "none"  # model.recompute in words (recompute_text())
+    sequence_parallel: bool = False  # parallel.sequence_parallel (at TP >= 2)
 
 
 # ---------------------------------------------------------------- parameters per TP rank
@@ -196,60 +214,7 @@ def peak_total(mem: dict, in_backward: bool) -> float:
     return fixed + max(act, buf, mem["step"])
 
 
-# ---------------------------------------------------------------- pipeline stages
-
-
-# ---------------------------------------------------------------- activations
-
-
-def attention_kind(m, device: str) -> str:
-    """``sdpa`` or ``megatron``, as ``model.gpt.attention_backend`` resolves it (``auto``: sdpa on every device)."""
-    return resolved_attention(m.attention_backend)
-
-
-def layer_activation_bytes(m, tokens: int, tp: int, e: int, attention: str, selective: bool = True) -> float:
-    """Saved activations of one transformer layer for one micro-batch of ``tokens`` = s x b (see module doc), less
-    what ``model.recompute=selective`` recomputes (``selective=False``: as if it did not)."""
-    D, F, s = m.hidden_size, m.resolved_ffn_hidden_size(), m.seq_length
-    heads, groups = m.num_attention_heads, m.num_query_groups or m.num_attention_heads
-    modules = set(m.recompute_modules) if selective and m.recompute == "selective" else set()
-    A = 4 if groups < heads else 6
-    if "core_attn" in modules and groups < heads:  # GQA's expanded k, v: the original ones kept instead
-        A -= 2 * (1 - groups / heads)
-    mlp = 0 if "mlp" in modules else 5 * F  # a recomputed MLP keeps its input: the norm's output, counted there
-    out = tokens * (2 * (8 + e) * D + e * (A * D + mlp) / tp)
-    if attention == "megatron" and "core_attn" not in modules:
-        out += tokens * heads / tp * s * (4 + e if e != 4 else 4)
-    return out
-
-
-def recompute_text(m) -> str:
-    """``model.recompute`` in the plan's words: ``none``, ``selective (core_attn, mlp)``, ``full (first 2 layers of
-    each stage)``, ``full (every layer)``."""
-    if m.recompute == "selective":
-        return f"selective ({', '.join(m.recompute_modules)})"
-    if m.recompute == "full":
-        n = m.recompute_layers
-        return "full (every layer)" if n is None else f"full (first {n} layer{'s' * (n > 1)} of each stage)"
-    return "none"
-
-
-def recompute_bytes(m, blocks: int, tokens: int, tp: int, e: int, attention: str) -> tuple[float, float]:
-    """``(per micro-batch, working set)`` of a stage's ``blocks`` layers under ``model.recompute``: a layer that
-    ``full`` recomputes keeps only its input (``e T D``); the others keep :func:`layer_activation_bytes`. The
-    working set, once per stage: while a recomputed layer runs its backward its activations are all there again
-    (``full``: a whole layer's; ``selective``: the recomputed modules')."""
-    full = sizes.blocks_to_recompute(m, blocks)
-    per_layer = layer_activation_bytes(m, tokens, tp, e, attention)
-    kept = full * e * tokens * m.hidden_size + (blocks - full) * per_layer
-    whole = layer_activation_bytes(m, tokens, tp, e, attention, selective=False)
-    working = whole if full else (whole - per_layer if m.recompute == "selective" and blocks else 0.0)
-    return kept, working
-
-
-def input_activation_bytes(m, tokens: int, tp: int, e: int) -> float:
-    """The input layer's saved tensors for one micro-batch (unique-id layers: n = min(tokens, V) ids)."""
-    return float(variants.get(m.variant).activation_bytes(m, min(tokens, m.vocab_size), tp, e))
+# ---------------------------------------------------------------- the loss path
 
 
 def loss_impl(m, tp: int, device: str) -> str:
@@ -339,11 +304,9 @@ def _stage_memory(cfg, st: dict, stage: int, pp: int, tp: int, dp: int, gas: int
     params += _head_params(m, tp) if st["head"] and not (variants.get(m.variant).tied_head and st["input"]) else 0
     largest = _largest_tensor(m, tp, st)
     mem = state_bytes(cfg, params, largest, dp, device)
-    attn = attention_kind(m, device)
-    per_mb, working = recompute_bytes(m, st["blocks"], T, tp, e, attn)
-    per_mb += input_activation_bytes(m, T, tp, e) if st["input"] else 0.0
-    per_mb += T * (8 + e) * m.hidden_size if st["final"] else 0.0
-    per_mb += 2.0 * e * T * m.hidden_size if pp > 1 else 0.0
+    attn, sp = attention_kind(m, device), cfg.parallel.sequence_parallel and tp > 1
+    per_mb, working = recompute_bytes(m, st["blocks"], T, tp, e, attn, sp)
+    per_mb += stage_activation_bytes(m, st, T, tp, e, pp, sp)
     in_flight = min(pp - stage, gas) if pp > 1 else 1
     act = in_flight * per_mb + working
     # accumulating: autograd's fresh gradient of the largest weight, before it is added into .grad (with
@@ -420,10 +383,27 @@ def make_plan(cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_lim
         buffers_in_backward=buffers_in_backward(device, p.zero_stage, p.uses_pipeline_engine),
         loss_impl=loss_impl(m, tp, device),
         recompute=recompute_text(m),
+        sequence_parallel=p.sequence_parallel and tp > 1,
     )
     if mem_limit_gb is not None and memory["total"] > mem_limit_gb * GIB:
         problems.append(_memory_problem(cfg, plan))
     return plan
+
+
+# ---------------------------------------------------------------- layouts that fit
+
+
+def fitting_layouts(
+    cfg, nodes: int, ranks_per_node: int, device: str = "gpu", mem_limit_gb: float = 80.0, count: int = 3
+) -> tuple[list[Layout], Layout | None]:
+    """``(up to count layouts that fit, the smallest of all)`` on the same ``nodes`` x ``ranks_per_node``, cheapest
+    first (:func:`.plan_layouts.fitting_layouts`: what it tries and in which order): each one :func:`make_plan`."""
+
+    def total(c) -> float | None:
+        plan = make_plan(c, nodes, ranks_per_node, device, None)
+        return None if plan.problems else plan.memory["total"]
+
+    return plan_layouts.fitting_layouts(cfg, nodes * ranks_per_node, ranks_per_node, total, mem_limit_gb * GIB, count)
 
 
 def _memory_problem(cfg, plan: Plan) -> str:
@@ -431,8 +411,13 @@ def _memory_problem(cfg, plan: Plan) -> str:
     ranked = sorted(COMPONENTS, key=lambda k: -mem[k])
     top = ", ".join(f"{k} {mem[k] / GIB:.1f}" for k in ranked[:3] if mem[k] > 0)
     hints = []
-    if mem["activations"] + mem["logits"] >= mem["parameters"] + mem["gradients"] + mem["optimizer"]:
+    acts = mem["activations"] + mem["logits"] >= mem["parameters"] + mem["gradients"] + mem["optimizer"]
+    if acts:
         hints.append("a smaller train.micro_batch_size (activations and logits scale with it)")
+        if not plan.sequence_parallel:
+            need = "; needs parallel.tensor_parallel >= 2" if plan.tp == 1 else ""
+            hints.append(f"parallel.sequence_parallel=true (divides the norms' and residuals' activations by TP{need})")
+        hints += [h for h in [plan_layouts.recompute_hint(cfg.model)] if h]
         hints.append("more parallel.tensor_parallel (divides activations, logits and weights)")
     else:
         if plan.dp > 1 and p.zero_stage < (1 if plan.pp > 1 else 3):
@@ -443,9 +428,25 @@ def _memory_problem(cfg, plan: Plan) -> str:
         hints.append("more parallel.tensor_parallel or parallel.pipeline_parallel (fewer weights per rank)")
         hints.append("a smaller train.micro_batch_size")
     where = f"pipeline stage {plan.stage}, " if plan.pp > 1 else ""
+    what = "activations and logits" if acts else "weights, gradients and optimizer states"
+    text = (
+        f"--gpu-mem-gb: estimated {mem['total'] / GIB:.1f} GiB per GPU ({where}largest: {top} GiB; {what} dominate) "
+        f"exceeds {plan.mem_limit_gb:g} GiB; try " + ", or ".join(hints)
+    )
+    fits, smallest = fitting_layouts(cfg, plan.nodes, plan.ranks_per_node, plan.device, plan.mem_limit_gb)
+    scope = (
+        f"on {plan.nodes} x {plan.ranks_per_node} GPUs (ZeRO 1, micro batch {plan.micro_batch}, global batch "
+        f"{plan.global_batch})"
+    )
+    if fits:
+        rows = [f"    {lay.total / GIB:.1f} GiB: {' '.join(lay.overrides)}" for lay in fits]
+        return "\n".join([text, f"  layouts that fit {scope}, cheapest first; add one as overrides:", *rows])
+    tried = "TP 1-8 x PP x sequence parallel x recompute none/selective/full"
+    if smallest is None:
+        return f"{text}\n  no layout ({tried}) can run {scope}"
     return (
-        f"--gpu-mem-gb: estimated {mem['total'] / GIB:.1f} GiB per GPU ({where}largest: {top} GiB) exceeds "
-        f"{plan.mem_limit_gb:g} GiB; try " + ", or ".join(hints)
+        f"{text}\n  no layout ({tried}) fits {scope}; the smallest, {smallest.total / GIB:.1f} GiB: "
+        f"{' '.join(smallest.overrides)}; use more nodes or a smaller train.micro_batch_size"
     )
 
 
@@ -464,7 +465,7 @@ def format_plan(plan: Plan) -> str:
         f"{plan.global_batch} sequences x {plan.seq_length} tokens = {plan.tokens_per_step:,} tokens/step",
         f"memory per rank, GiB (pipeline stage {plan.stage} of {plan.pp}; ZeRO {plan.zero_stage}, {plan.precision}, "
         f"{plan.optimizer}; {plan.params_per_rank / 1e6:,.1f}M parameters on this rank; loss {plan.loss_impl}; "
-        f"recompute {plan.recompute}):",
+        f"sequence parallel {'on' if plan.sequence_parallel else 'off'}; recompute {plan.recompute}):",
     ]
     for k in COMPONENTS:
         lines.append(f"  {k:<12} {mem[k] / GIB:9.2f}")

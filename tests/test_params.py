@@ -1,4 +1,4 @@
-"""Configs and parameter counts: the 24 config files, the params CLI, the paper's ratios at V = 200k."""
+"""Configs and parameter counts: the 26 config files, the params CLI, the paper's ratios at V = 200k."""
 
 import json
 
@@ -24,6 +24,36 @@ def test_every_config_exists_loads_and_names_its_variant(scale, variant):
     cfg = load_config(REPO / f"configs/{scale}-{variant}.yaml")
     assert cfg.model.variant == variant
     assert cfg.train.out_dir == f"runs/{scale}-{variant}"
+
+
+SEVEN_B = ("tied", "lev")  # the 7B scale has these two variants only
+
+
+def test_the_26_config_files_are_the_scales_times_the_variants_and_the_two_7b():
+    """Plus one ``<scale>-lev-iso.yaml`` per paper scale and tiny-cpu (LEV at UNTIED's total): 30 files."""
+    names = {p.name for p in (REPO / "configs").glob("*.yaml")}
+    expected = {f"{s}-{v}.yaml" for s in SCALES for v in VARIANTS} | {f"7b-{v}.yaml" for v in SEVEN_B}
+    iso = {f"{s}-lev-iso.yaml" for s in SCALES}
+    assert len(expected) == 26 and names == expected | iso and len(names) == 30
+
+
+@pytest.mark.parametrize("variant", SEVEN_B)
+def test_7b_configs_have_llama_2_7b_shape_and_a_200k_vocabulary(variant):
+    cfg = load_config(REPO / f"configs/7b-{variant}.yaml")
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    assert (m.variant, t.out_dir) == (variant, f"runs/7b-{variant}")
+    assert (m.hidden_size, m.num_layers, m.num_attention_heads, m.resolved_ffn_hidden_size()) == (4096, 32, 32, 11008)
+    assert m.num_query_groups in (None, 32) and m.norm_epsilon == 1e-5 and m.rotary_base == 10000
+    assert (m.vocab_size, m.seq_length, t.global_batch_size * m.seq_length) == (200_000, 2048, 4_194_304)
+    assert (p.precision, p.zero_stage, p.sequence_parallel, t.micro_batch_size) == ("bf16", 1, True, 2)
+    assert m.lev.heads % p.tensor_parallel == 0 and m.lev.heads % 8 == 0  # LEV's heads shard over TP 2, 4, 8
+
+
+def test_lev_is_within_0_1_percent_of_tied_at_7b():
+    tied = counts("configs/7b-tied.yaml", "parallel.tensor_parallel=1", "parallel.sequence_parallel=false")["total"]
+    lev = counts("configs/7b-lev.yaml", "parallel.tensor_parallel=1", "parallel.sequence_parallel=false")["total"]
+    assert (tied, lev) == (7_295_733_760, 7_299_035_264)  # configs/README.md's table
+    assert 0 < (lev - tied) / tied < 0.001
 
 
 def test_lev_within_0_3_percent_of_tied_at_1_2b():
@@ -87,7 +117,7 @@ def test_params_cli_reports_config_errors():
 
 def test_readme_table_matches_the_configs():
     text = (REPO / "configs/README.md").read_text()
-    for scale in ("200m", "400m", "1.2b", "tiny-cpu"):
+    for scale in ("200m", "400m", "1.2b", "tiny-cpu", "7b"):
         cfg = load_config(REPO / f"configs/{scale}-tied.yaml")
         m = cfg.model
         assert f"| `{scale}` | {m.hidden_size} | {m.num_layers} | {m.num_attention_heads} |" in text, scale

@@ -345,3 +345,43 @@ def test_recompute_modes_keep_what_they_say():
     assert base.memory["activations"] - acts["mlp"] == pytest.approx((L - 1) * mlp)
     assert base.memory["activations"] - acts["full"] == pytest.approx(L * (whole - e * T * m.hidden_size) - whole)
     assert acts["full"] < acts["full2"] < base.memory["activations"] and acts["attn"] < base.memory["activations"]
+
+
+def test_sequence_parallelism_divides_the_norms_and_the_full_tensors_by_tp():
+    """parallel.sequence_parallel: the norms' 2 (8 + e) D per layer, a fully recomputed layer's input, the final norm
+    and the pipe buffers become the sequence shard (/ TP); the head keeps its all-gathered input e T D in full; the
+    tensor-parallel e (A D + 5 F) / TP, the input layer, the weights and the states do not change."""
+    from leviathan_pretrain.plan import layer_activation_bytes, recompute_bytes, stage_activation_bytes
+
+    cfg = cfg_of("configs/7b-tied.yaml")  # TP 2, SP on, bf16, micro 2 x 2048 tokens
+    m, tp, e = cfg.model, cfg.parallel.tensor_parallel, 2
+    T, D, L = cfg.train.micro_batch_size * m.seq_length, m.hidden_size, m.num_layers
+    shard = 1 - 1 / tp  # what SP takes off a tensor every TP rank held in full
+    norms = T * 2 * (8 + e) * D * shard
+    for attention in ("sdpa", "megatron"):
+        on = layer_activation_bytes(m, T, tp, e, attention, sp=True)
+        assert layer_activation_bytes(m, T, tp, e, attention) - on == pytest.approx(norms, rel=1e-12)
+
+    def plan(sp, *o):
+        return make_plan(cfg_of("configs/7b-tied.yaml", f"parallel.sequence_parallel={sp}", *o), 8, 8)
+
+    on, off = plan("true"), plan("false")
+    assert (on.sequence_parallel, off.sequence_parallel) == (True, False)
+    assert "sequence parallel on; recompute none" in format_plan(on) and "sequence parallel off" in format_plan(off)
+    final, head = T * (8 + e) * D * shard, e * T * D  # PP 1, accumulation 32: one micro-batch in flight
+    assert off.memory["activations"] - on.memory["activations"] == pytest.approx(L * norms + final - head, rel=1e-12)
+    for k in ("parameters", "gradients", "optimizer", "logits", "buffers", "step", "runtime"):
+        assert on.memory[k] == off.memory[k], k
+    # full recompute keeps e T D / TP per layer; the recomputed layer's working set loses the norms' share too
+    full = cfg_of("configs/7b-tied.yaml", "model.recompute=full").model
+    kept_on, work_on = recompute_bytes(full, 16, T, tp, e, "sdpa", sp=True)
+    kept_off, work_off = recompute_bytes(full, 16, T, tp, e, "sdpa")
+    assert kept_off - kept_on == pytest.approx(16 * e * T * D * shard, rel=1e-12)
+    assert work_off - work_on == pytest.approx(norms, rel=1e-12)
+    # PP > 1: the pipe buffers 2 e T D / TP on every stage; the input layer's tensors are unchanged
+    first = {"blocks": 16, "input": True, "final": False, "head": False}
+    last = {"blocks": 16, "input": False, "final": True, "head": True}
+    pipe = 2 * e * T * D * shard
+    for st, diff in ((first, pipe), (last, pipe + final - head)):
+        got = stage_activation_bytes(m, st, T, tp, e, 2) - stage_activation_bytes(m, st, T, tp, e, 2, sp=True)
+        assert got == pytest.approx(diff, rel=1e-12)

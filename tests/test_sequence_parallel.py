@@ -49,6 +49,7 @@ def test_every_variant_and_loss_equals_sp_off_at_tp2():
             assert r["n_grads"] >= 14, (name, r)
             assert r["seq_in_layer"] == [16, 32], (name, r)  # s / tp under SP, s without
             assert r["sp_norms"] == [5, 0], (name, r)  # 2 per layer and the final norm
+            assert r["same_state_dict"], (name, r)  # keys and shapes: checkpoints load either way
 
 
 def test_refused_where_it_cannot_work():
@@ -130,3 +131,23 @@ def test_a_checkpoint_trained_with_sp_resumes_without_it():
     later = {r["step"]: r["loss"] for r in records("tp2_sp") if "loss" in r and r["step"] > 20}
     assert sorted(later) == list(range(21, 27)) and all(math.isfinite(x) for x in later.values())
     assert abs(later[21] - _steps("tp2_sp")[-1]) < 0.5, later
+
+
+@pytest.mark.multiproc
+def test_the_7b_layout_trains_two_steps_on_cpu_at_reduced_size():
+    """configs/7b-lev.yaml at 4 layers of width 64 (4 processes): its TP 2 with sequence parallelism, bf16 and
+    ZeRO 1, plus PP 2 and full recompute of each stage's first layer: two optimizer steps, finite and logged."""
+    runs = four_process_runs()
+    assert set(runs["codes"]["7b_small"].values()) == {0}, runs["errors"].get("7b_small")
+    cfg = json.loads((workdir() / "7b_small" / "config.json").read_text())
+    p, m = cfg["parallel"], cfg["model"]
+    assert (p["tensor_parallel"], p["pipeline_parallel"], p["sequence_parallel"], p["precision"]) == (
+        2,
+        2,
+        True,
+        "bf16",
+    )
+    assert (m["recompute"], m["variant"], m["vocab_size"], m["seq_length"]) == ("full", "lev", 512, 64)
+    got = {r["step"]: r["loss"] for r in records("7b_small") if "loss" in r}
+    assert sorted(got) == [1, 2] and all(math.isfinite(x) for x in got.values()), got
+    assert events("7b_small", "finished")

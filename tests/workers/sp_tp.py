@@ -3,7 +3,8 @@
 Rank r prints ``RESULT {json}``: per case (variant, loss implementation, extra overrides), the largest relative
 difference of the mean loss, the per-token losses, the logits, the head's hidden states and of every gradient
 (this rank's shard; the relative difference is max |a - b| / max(max |b|, 1e-30)), the number of gradients
-compared, and what SP changed on this rank: the hidden states' length between the pieces (s / tp) and whether
+compared, and whether the state dict has the same keys and shapes (a checkpoint is the same), and what SP
+changed on this rank: the hidden states' length between the pieces (s / tp) and whether
 every norm's weight was summed over TP (SPRMSNorm).
 """
 
@@ -49,7 +50,9 @@ def run(variant, loss_impl, extra, sp, env, group):
         logits = model(ids[:, :-1], pos)
         hidden = model.head_input(ids[:, :-1], pos).hidden
     norms = [m for m in model.modules() if isinstance(m, SPRMSNorm)]
-    return dict(loss=loss.detach(), per_token=per_token, logits=logits, hidden=hidden, grads=grads), shapes, norms
+    layout = [(k, tuple(v.shape) if torch.is_tensor(v) else v) for k, v in model.state_dict().items()]  # checkpoints
+    out = dict(loss=loss.detach(), per_token=per_token, logits=logits, hidden=hidden, grads=grads, layout=layout)
+    return out, shapes, norms
 
 
 def collectives(rank: int, group) -> dict:
@@ -96,6 +99,7 @@ def main():
             "n_grads": len(ref["grads"]),
             "seq_in_layer": [shapes[0][0], ref_shapes[0][0]],
             "sp_norms": [len(norms), len(ref_norms)],
+            "same_state_dict": got["layout"] == ref["layout"],
         }
     print("RESULT " + json.dumps(out), flush=True)
     destroy_distributed()

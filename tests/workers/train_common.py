@@ -117,6 +117,28 @@ FULL = ("train.steps=60",)
 PP2 = ("parallel.zero_stage=1", "parallel.pipeline_parallel=2")
 TP2_SP = ("parallel.tensor_parallel=2", "parallel.sequence_parallel=true")
 BF16 = ("parallel.precision=bf16", "parallel.zero_stage=1")
+# configs/7b-lev.yaml at 4 layers of width 64 and the tiny shard's vocabulary, with its TP 2 + sequence parallelism
+# (and bf16, ZeRO 1) kept and PP 2 and recompute added: the layout of a 7B run, two optimizer steps on the CPU
+SMALL_7B_OWN = ("train.", "model.num_layers", "logging.", "checkpoint.", "parallel.precision")  # set below / kept
+SMALL_7B = [
+    *(
+        o
+        for o in TINY
+        if not o.startswith(("train.", "model.num_layers", "logging.", "checkpoint.", "parallel.precision"))
+    ),
+    "model.num_layers=4",
+    "model.ffn_hidden_size=172",
+    "parallel.pipeline_parallel=2",
+    "model.recompute=full",
+    "model.recompute_layers=1",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=8",
+    "train.steps=2",
+    "train.eval_interval=2",
+    "train.eval_iters=1",
+    "optim.warmup_steps=1",
+    "logging.log_interval=1",
+]
 
 
 @functools.cache
@@ -267,6 +289,11 @@ def four_process_runs() -> dict:
                 *TP2_SP,
                 "train.eval_interval=0",
             ),
+            {  # configs/7b-lev.yaml shrunk in depth and width, in its own layout plus PP 2 and recompute
+                "name": "7b_small",
+                "config": str(REPO / "configs" / "7b-lev.yaml"),
+                "overrides": [*SMALL_7B, f"data.prefixes=[{shard()}]", f"train.out_dir={workdir() / '7b_small'}"],
+            },
             spec(
                 "pp2_dp2",
                 "train.steps=60",
