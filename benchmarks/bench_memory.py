@@ -1,6 +1,7 @@
 """The per-rank memory estimate (``leviathan_pretrain.plan``) against the real trainer's measured peak, on CPU.
 
     python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [--recompute none full ...]
+        [--sp off on]
         [key=value ...]
     python benchmarks/bench_memory.py --loss [--vocab 200064 --hidden 512 --micro 8 --seq 256 --pairs 3]
 
@@ -19,6 +20,9 @@ the worker wraps the names ``trainer.loop`` calls (``build_engine``, the engine'
   optimizer states, and whatever gradients the optimizer keeps).
 - **peak**: VmHWM at the end of the last step (before the final checkpoint is written), minus the
   baseline: the training peak, compared with the estimate's ``total``.
+
+``--sp off on`` repeats every case at TP >= 2 with ``parallel.sequence_parallel`` off and on (docs/training.md,
+"Memory levers": SP divides the norms' and residuals' activations by TP).
 
 ``--recompute MODE ...`` repeats every case per ``model.recompute`` mode: ``none``, ``selective`` (megatron's default
 module, the core attention), ``selective:mlp`` (or ``selective:core_attn,mlp``), ``full``, ``full:N`` (the first N
@@ -235,11 +239,12 @@ def recompute_overrides(mode: str) -> list[str]:
     return out
 
 
-def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str, recompute: str = "none") -> dict:
-    out_dir = str(Path(tmp) / f"{variant}-z{zero}-tp{tp}-{recompute.replace(':', '-').replace(',', '-')}")
+def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str, recompute: str = "none", sp: bool = False):
+    out_dir = str(Path(tmp) / f"{variant}-z{zero}-tp{tp}-{recompute.replace(':', '-').replace(',', '-')}-sp{int(sp)}")
     n = tp * args.dp
     config = str(REPO / f"configs/tiny-cpu-{variant}.yaml")
     overrides = [*case_overrides(args, variant, zero, tp, data, out_dir), *recompute_overrides(recompute)]
+    overrides.append(f"parallel.sequence_parallel={str(sp).lower()}")
     cmd = [sys.executable, str(REPO / "launchers/local.py"), "-n", str(n), "--", str(Path(__file__).resolve())]
     cmd += ["--worker", "--config", config, *overrides]
     results = Path(out_dir) / "memory"
@@ -260,13 +265,13 @@ def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str, recomp
     plan = make_plan(load_config(config, overrides), 1, n, device="cpu", mem_limit_gb=None)
     top = max(ranks, key=lambda r: r["peak"])
     took = time.monotonic() - t0
-    return {"variant": variant, "zero": zero, "tp": tp, "recompute": recompute, "plan": plan, "measured": top,
-            "seconds": took}  # fmt: skip
+    return {"variant": variant, "zero": zero, "tp": tp, "recompute": recompute, "sp": sp, "plan": plan,
+            "measured": top, "seconds": took}  # fmt: skip
 
 
 def _name(r: dict) -> str:
     mode = "" if r.get("recompute", "none") == "none" else f" {r['recompute']}"
-    return f"{r['variant']} Z{r['zero']} TP{r['tp']} DP{r['plan'].dp}{mode}"
+    return f"{r['variant']} Z{r['zero']} TP{r['tp']} DP{r['plan'].dp}{' SP' if r.get('sp') else ''}{mode}"
 
 
 def report(rows: list[dict], precision: str) -> None:
@@ -336,6 +341,13 @@ def main(argv=None) -> int:
         metavar="MODE",
         help="model.recompute per case: none (default), selective, selective:mlp, full, full:N",
     )
+    ap.add_argument(
+        "--sp",
+        nargs="+",
+        choices=["off", "on"],
+        default=["off"],
+        help="parallel.sequence_parallel per case at TP >= 2: off (default), on, or both: --sp off on",
+    )
     ap.add_argument("--dp", type=int, default=1, help="data-parallel size: TP x DP processes (default 1)")
     ap.add_argument("--hidden", type=int, default=512, help="model.hidden_size (default 512)")
     ap.add_argument("--layers", type=int, default=8, help="model.num_layers (default 8)")
@@ -370,13 +382,14 @@ def main(argv=None) -> int:
             for variant in args.variants:
                 for zero in args.zero:
                     for mode in args.recompute:
-                        rows.append(run_case(args, variant, zero, tp, data, tmp, mode))
-                        r = rows[-1]
-                        print(
-                            f"done: {_name(r)}: peak {r['measured']['peak'] / GIB:.3f} GiB measured, "
-                            f"{r['plan'].memory['total'] / GIB:.3f} GiB estimated ({r['seconds']:.0f} s)",
-                            flush=True,
-                        )
+                        for sp in sorted({s == "on" and tp > 1 for s in args.sp}):
+                            rows.append(run_case(args, variant, zero, tp, data, tmp, mode, sp))
+                            r = rows[-1]
+                            print(
+                                f"done: {_name(r)}: peak {r['measured']['peak'] / GIB:.3f} GiB measured, "
+                                f"{r['plan'].memory['total'] / GIB:.3f} GiB estimated ({r['seconds']:.0f} s)",
+                                flush=True,
+                            )
     report(rows, args.precision)
     return 0
 
