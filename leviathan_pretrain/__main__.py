@@ -7,7 +7,9 @@ as the docs show) and its own console script (``lev-train``, ``lev-slurm``, ...;
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import sys
 
 from data_prep.exit_codes import EXIT_BAD_INPUT
@@ -54,6 +56,24 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def quiet_on_closed_pipe(fn):
+    """``lev ... | head``: when the reader of stdout leaves, end with exit 1 and no traceback (the recipe of Python's
+    "Note on SIGPIPE": what is left to print goes to /dev/null)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            code = fn(*args, **kwargs)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+
+    return wrapped
+
+
+@quiet_on_closed_pipe
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -72,7 +92,7 @@ def _script(command: str):
         return run(command, sys.argv[1:])
 
     entry.__name__ = command.replace("-", "_")
-    return entry
+    return quiet_on_closed_pipe(entry)
 
 
 for _name in COMMANDS:  # lev_train, lev_export_hf, ...: the [project.scripts] targets

@@ -272,7 +272,8 @@ def read_corpus():
 # Tests that share one process under pytest-xdist (scripts/test.sh runs two): a file's tests stay together (its
 # module fixtures are built once), and so do the files named here: the SLURM ones share the session's test cluster
 # (one per process would be two clusters), the trainer ones share tests/workers/train_common.py's cached
-# launches. The groups run first, the longest first.
+# launches (a file calling one must be listed here, or its process runs them again: tests/test_suite_groups.py).
+# The groups run first, the longest first.
 GROUPS = {
     "slurm": ("test_repro_small.py", "test_slurm.py", "test_slurm_faults.py", "test_slurm_cluster.py"),
     "trainer": (
@@ -283,6 +284,8 @@ GROUPS = {
         "test_data_cache.py",
         "test_data_loader.py",
         "test_metrics.py",
+        "test_recompute_tp.py",
+        "test_sequence_parallel.py",
     ),
 }
 GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}

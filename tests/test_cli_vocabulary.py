@@ -2,7 +2,9 @@
 shows ``--run`` / ``--out`` / ``--overwrite`` / ``--quiet`` / ``--dtype`` where a command has that meaning and never
 a hidden alias; each old spelling parses to the same value as the new one; ``--dtype bfloat16`` is ``bf16``."""
 
+import os
 import re
+import sys
 
 import pytest
 
@@ -129,3 +131,18 @@ def test_run_main_one_line_errors(capsys):
     assert cli.run_main(lambda ns: ns, 3) == 3 and cli.run_main(lambda argv: None) == 0
     with pytest.raises(RuntimeError):
         cli.run_main(fails(RuntimeError("a bug")), errors=(ValueError,))
+
+
+def test_a_reader_that_leaves_ends_lev_quietly(monkeypatch):
+    """``lev | head``: stdout's reader is gone (a pipe whose read end is closed): exit 1, no BrokenPipeError."""
+    from leviathan_pretrain import __main__ as lev
+
+    read, write = os.pipe()
+    os.close(read)
+    out = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        assert lev.main([]) == 1  # the usage table, printed into the closed pipe
+        print("more", flush=True)  # stdout now goes to /dev/null
+    finally:
+        out.close()
