@@ -18,9 +18,32 @@
   others exit 1: the peer's own code says why.
 """
 
+import os
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_REQUEUE = 75
 EXIT_PEER_LOST = 76
+
+# The SLURM job script's folder for the codes its ranks chose (launchers/sbatch.py): srun reports the highest code of
+# its tasks, so a rank that exits 76 (lost a peer) while a stalled one is SIGKILLed after it makes the step 137, and
+# the job would not be requeued. A rank that exits 75 or 76 writes its code there first; the script reads them.
+STEP_CODES_ENV = "LEV_STEP_CODES"
+
+
+def record_step_code(code: int) -> None:
+    """Write ``code`` (75 or 76) as this rank's file in ``$LEV_STEP_CODES`` (no-op outside a SLURM job; never
+    raises: the exit it precedes must happen whatever the file system does)."""
+    folder = os.environ.get(STEP_CODES_ENV)
+    if not folder or code not in (EXIT_REQUEUE, EXIT_PEER_LOST):
+        return
+    name = f"rank-{os.environ.get('RANK', '0')}"
+    try:
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, os.path.join(folder, name))
+    except OSError:
+        pass

@@ -229,6 +229,21 @@ restarts=${SLURM_RESTART_COUNT:-0}
 # From here on no command substitution: a SIGTERM arriving inside one (SLURM ends a job whose node failed)
 # breaks bash's trap ("unexpected EOF while looking for matching `)'") and the lines after it.
 TZ=UTC0 printf -v now '%(%FT%TZ)T' -1
+if [ "$rc" != @REQUEUE@ ] && [ "$rc" != @PEER_LOST@ ] && [ -n "${LEV_STEP_CODES:-}" ]; then
+  # srun reports its tasks' highest code: a rank that lost its peer (76) is hidden by the stalled peer that srun
+  # SIGKILLed after it (137). The ranks that exit 75 or 76 say so in $LEV_STEP_CODES first (data_prep/exit_codes.py).
+  said=""
+  for f in "$LEV_STEP_CODES"/rank-*; do
+    [ -f "$f" ] || continue
+    read -r c < "$f" || continue
+    if [ "$c" = @PEER_LOST@ ] || { [ "$c" = @REQUEUE@ ] && [ -z "$said" ]; }; then said=$c; fi
+  done
+  if [ -n "$said" ]; then
+    echo "[launch] $now srun reported code $rc, but a rank exited $said before it (its file in" \
+         "$LEV_STEP_CODES): the step's code is $said"
+    rc=$said
+  fi
+fi
 case "$rc" in
   @REQUEUE@) why="stopped with a checkpoint (exit @REQUEUE@)" ;;
   @PEER_LOST@) why="lost a peer (exit @PEER_LOST@: a node died, the network was cut or a rank stalled; the line \
@@ -310,6 +325,9 @@ def train_script(
         'echo "[launch] $(date -u +%FT%TZ) job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)):'
         ' $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT, run $RUN_DIR"',
         f"NODE_CMD=({' '.join(cmd)})",
+        # the codes the ranks chose (75, 76), read after the step by the requeue rule (data_prep/exit_codes.py)
+        'export LEV_STEP_CODES="$RUN_DIR/slurm/step-codes/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"',
+        'mkdir -p "$LEV_STEP_CODES"',
         srun,
         REQUEUE,
     ]

@@ -64,6 +64,7 @@ def main(argv=None) -> int:
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     # Imported only now (measured ~6 s: torch, megatron-core, DeepSpeed): --help and config errors answer at
     # once, and DS_ACCELERATOR / CUDA_DEVICE_MAX_CONNECTIONS must be set before DeepSpeed and megatron load.
+    from data_prep.exit_codes import record_step_code
     from leviathan_pretrain.parallel import destroy_distributed
     from leviathan_pretrain.trainer.checkpoint import CheckpointError
     from leviathan_pretrain.trainer.data import ShardError
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     finally:
         if code is not None:
             destroy_distributed(barrier=False)  # no barrier: a rank that did not raise must not hold us
+    record_step_code(code)  # 75: for the SLURM job script (data_prep/exit_codes.py)
     return code
 
 

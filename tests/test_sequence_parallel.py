@@ -7,7 +7,8 @@
   ~1e-7); the hidden states between layers are s / tp long, and every norm sums its weight's gradient over TP;
 - config: refused at TP = 1, for a sequence that does not split over TP, and with model.compile;
 - the DeepSpeed config turns the pipeline engine's activation partitioning off under SP.
-Training runs under SP (ZeRO 1 and 3, bf16, PP 2 x TP 2) are in tests/test_train.py.
+Then training runs under SP against the same runs without it (ZeRO 1 and 3, bf16, PP 2 x TP 2), a resume without
+SP, and configs/7b-lev.yaml's layout at reduced size, from tests/workers/train_common.py's bundled launches.
 """
 
 import json
@@ -76,7 +77,7 @@ def test_pipeline_engine_keeps_each_ranks_slice_under_sp():
     }
 
 
-def _steps(name, key="loss", last=20):
+def _steps(name, key="loss", last=10):
     recs = {r["step"]: r[key] for r in records(name) if key in r}
     return [recs[s] for s in range(1, last + 1)]
 
@@ -88,7 +89,7 @@ def _rel(got, want):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", ["tp2_sp", "tp2_sp_z3"])
 def test_training_with_sp_follows_tp2_without(name):
-    """20 steps at TP 2 with SP (ZeRO 1; ZeRO 3, whose hooks take each gradient during backward) follow the same
+    """10 steps at TP 2 with SP (ZeRO 1; ZeRO 3, whose hooks take each gradient during backward) follow the same
     run without SP: losses within 1e-5 relative, the clipped gradient norm (which a norm weight's gradient not
     summed over TP would change at once) within 1e-4."""
     runs = dp_tp_runs()
@@ -124,13 +125,13 @@ def test_pipeline_with_tp_and_sp_follows_the_pipeline_without():
 
 @pytest.mark.multiproc
 def test_a_checkpoint_trained_with_sp_resumes_without_it():
-    """SP changes no parameter, name or shape: tp2_sp's step-20 checkpoint resumes with SP off and trains on."""
+    """SP changes no parameter, name or shape: tp2_sp's step-10 checkpoint resumes with SP off and trains on."""
     sp_resume_runs()
     resumed = events("tp2_sp", "resumed")[-1]
-    assert (resumed["tag"], resumed["consumed_samples"]) == ("global_step20", 160)
-    later = {r["step"]: r["loss"] for r in records("tp2_sp") if "loss" in r and r["step"] > 20}
-    assert sorted(later) == list(range(21, 27)) and all(math.isfinite(x) for x in later.values())
-    assert abs(later[21] - _steps("tp2_sp")[-1]) < 0.5, later
+    assert (resumed["tag"], resumed["consumed_samples"]) == ("global_step10", 80)
+    later = {r["step"]: r["loss"] for r in records("tp2_sp") if "loss" in r and r["step"] > 10}
+    assert sorted(later) == list(range(11, 17)) and all(math.isfinite(x) for x in later.values())
+    assert abs(later[11] - _steps("tp2_sp")[-1]) < 0.5, later
 
 
 @pytest.mark.multiproc

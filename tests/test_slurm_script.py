@@ -290,3 +290,49 @@ def test_the_requeue_rule_after_srun(tmp_path, rc, term, requeued, says):
     calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
     assert calls == ("requeue 42\n" if requeued else ""), calls
     assert p.returncode == (0 if requeued else rc), p.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "rc, files, requeued, says",
+    [
+        (137, {"rank-0": "76", "rank-1": "75"}, True, "srun reported code 137, but a rank exited 76 before it"),
+        (143, {"rank-3": "75"}, True, "srun reported code 143, but a rank exited 75 before it"),
+        (137, {}, False, "training exited with code 137 (not requeued)"),
+        (1, {"rank-0": "2"}, False, "training exited with code 1 (not requeued)"),
+    ],
+)
+def test_a_ranks_own_code_stands_when_srun_reports_a_peers_kill(tmp_path, rc, files, requeued, says):
+    """A rank that lost its peer exits 76 while the stalled peer, deaf to SIGTERM, is SIGKILLed by srun after it:
+    srun reports the highest code, 137. The rank wrote its 76 into $LEV_STEP_CODES first (the trainer:
+    data_prep/exit_codes.record_step_code), and the requeue rule takes it (75 likewise); other codes change nothing."""
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    for name, text in files.items():
+        (codes / name).write_text(text + "\n")
+    stub = tmp_path / "scontrol"
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
+    stub.chmod(0o755)
+    script = f"term=0\nMAX_REQUEUES=3\nSLURM_JOB_ID=42\n(exit {rc})\n{sbatch.REQUEUE}"
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_RESTART_COUNT": "0", "LEV_STEP_CODES": str(codes)}
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, env=env)
+    assert says in p.stdout, p.stdout + p.stderr
+    calls = (tmp_path / "calls").read_text() if (tmp_path / "calls").exists() else ""
+    assert calls == ("requeue 42\n" if requeued else ""), calls
+    assert p.returncode == (0 if requeued else rc), p.stdout
+
+
+def test_the_trainer_records_only_the_codes_the_job_script_reads(tmp_path, monkeypatch):
+    from data_prep.exit_codes import record_step_code
+
+    monkeypatch.delenv("LEV_STEP_CODES", raising=False)
+    record_step_code(76)  # outside a SLURM job: nothing, nowhere
+    monkeypatch.setenv("LEV_STEP_CODES", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    for code in (0, 1, 2, 75):
+        record_step_code(code)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-3"] and (tmp_path / "rank-3").read_text() == "75\n"
+    record_step_code(76)
+    assert [p.read_text() for p in tmp_path.iterdir()] == ["76\n"]  # replaced whole, no temporary left
+    monkeypatch.setenv("LEV_STEP_CODES", str(tmp_path / "missing"))
+    record_step_code(76)  # a folder that is gone: the exit goes on

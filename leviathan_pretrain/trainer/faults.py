@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from data_prep.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
-from data_prep.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE  # noqa: F401
+from data_prep.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE, record_step_code  # noqa: F401
 from leviathan_pretrain.config import TrainConfig
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.trainer import peers
@@ -159,6 +159,7 @@ def abort_rank(e: BaseException) -> None:
         print(f"[rank {rank}] error: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    record_step_code(code)  # 76: the SLURM job script requeues even if srun reports a peer's SIGKILL (137)
     os._exit(code)
 
 

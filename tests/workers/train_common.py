@@ -116,6 +116,7 @@ TRAJ = ("train.steps=60", "train.exit_at_step=20")
 FULL = ("train.steps=60",)
 PP2 = ("parallel.zero_stage=1", "parallel.pipeline_parallel=2")
 TP2_SP = ("parallel.tensor_parallel=2", "parallel.sequence_parallel=true")
+SP_TRAJ = ("train.steps=60", "train.exit_at_step=10")  # the sequence-parallel runs: the first 10 steps of TRAJ's
 BF16 = ("parallel.precision=bf16", "parallel.zero_stage=1")
 # configs/7b-lev.yaml at 4 layers of width 64 and the tiny shard's vocabulary, with its TP 2 + sequence parallelism
 # (and bf16, ZeRO 1) kept and PP 2 and recompute added: the layout of a 7B run, two optimizer steps on the CPU
@@ -194,10 +195,10 @@ def dp_tp_runs() -> dict:
             spec("dp2_z2", *TRAJ, "parallel.zero_stage=2", "train.eval_interval=0"),
             # parallel.sequence_parallel (tests/test_sequence_parallel.py): tp2's run with SP, at ZeRO 1 and 3, and a
             # bf16 pair (BF16_Optimizer's immediate_grad_update takes each gradient in a hook during backward)
-            spec("tp2_sp", *TRAJ, *TP2_SP, "parallel.zero_stage=1", "logging.log_interval=1"),
-            spec("tp2_sp_z3", *TRAJ, *TP2_SP, "parallel.zero_stage=3", "train.eval_interval=0"),
-            spec("tp2_bf16", *TRAJ, *BF16, "parallel.tensor_parallel=2", "train.eval_interval=0"),
-            spec("tp2_sp_bf16", *TRAJ, *BF16, *TP2_SP, "train.eval_interval=0"),
+            spec("tp2_sp", *SP_TRAJ, *TP2_SP, "parallel.zero_stage=1", "logging.log_interval=1"),
+            spec("tp2_sp_z3", *SP_TRAJ, *TP2_SP, "parallel.zero_stage=3", "train.eval_interval=0"),
+            spec("tp2_bf16", *SP_TRAJ, *BF16, "parallel.tensor_parallel=2", "train.eval_interval=0"),
+            spec("tp2_sp_bf16", *SP_TRAJ, *BF16, *TP2_SP, "train.eval_interval=0"),
         ],
         nprocs=2,
     )
@@ -259,10 +260,10 @@ def pipe_resume_runs() -> dict:
 
 @functools.cache
 def sp_resume_runs() -> dict:
-    """tp2_sp's checkpoint (step 20, trained with sequence parallelism) resumed with it off, to step 26."""
+    """tp2_sp's checkpoint (step 10, trained with sequence parallelism) resumed with it off, to step 16."""
     dp_tp_runs()
     over = ("parallel.zero_stage=1", "parallel.tensor_parallel=2", "parallel.sequence_parallel=false")
-    return launch("sp_resume", [spec("tp2_sp", "train.steps=60", "train.exit_at_step=26", *over)], nprocs=2)
+    return launch("sp_resume", [spec("tp2_sp", "train.steps=60", "train.exit_at_step=16", *over)], nprocs=2)
 
 
 @functools.cache
