@@ -54,7 +54,7 @@ def worker(args) -> None:
 
     from benchmarks.bench_train import paired_engines
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import destroy_distributed
+    from leviathan_pretrain.parallel.groups import destroy_distributed
 
     common = [
         f"data.prefixes=[{args.data}]",

@@ -2,7 +2,7 @@
 ``python benchmarks/bench_eval.py``.
 
 The model and data are the demo's (``make demo``: the ``tiny-cpu`` LEV config, the corpus of Python sources and its
-8k tokenizer, prepared by ``data_prep.demo`` into ``--work``, reused when there). One reference run is trained
+8k tokenizer, prepared by ``data_prep.data_demo`` into ``--work``, reused when there). One reference run is trained
 for ``--steps`` steps; then each of ``--pairs`` pairs measures, one right after the other (a noisy neighbour slows
 both alike):
 
@@ -105,9 +105,9 @@ def eval_rates(run_dir: Path, ranks: int, args, report: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from data_prep.demo import run_demo
+    from data_prep.data_demo import run_demo
     from leviathan_pretrain import demo
-    from leviathan_pretrain.tokenizer import open_cached
+    from leviathan_pretrain.data.tokenizer import open_cached
 
     tmp = None if args.work else tempfile.mkdtemp(prefix="bench_eval-")
     work = Path(args.work or tmp)

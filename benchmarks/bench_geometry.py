@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         os.environ.pop(k, None)
     import torch
 
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed, parallel_dims, seed_everything
+    from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed, parallel_dims, seed_everything
     from leviathan_pretrain.trainer.engine import build_engine
     from leviathan_pretrain.trainer.geometry_log import geometry_stats, id_groups
 

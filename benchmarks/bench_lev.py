@@ -70,8 +70,9 @@ def bench_step_time(reps: int, threads: int) -> dict:
     from megatron.core import parallel_state as ps
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.model import BuildSettings, build_model
-    from leviathan_pretrain.parallel import init_distributed, seed_everything
+    from leviathan_pretrain.model.assembly import build_model
+    from leviathan_pretrain.model.settings import BuildSettings
+    from leviathan_pretrain.parallel.groups import init_distributed, seed_everything
 
     cases = {
         "tied": load_config(REPO / "configs/tiny-cpu-tied.yaml"),
@@ -170,8 +171,9 @@ def _lev_layer():
     import torch
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.model import BuildSettings, build_transformer_config
+    from leviathan_pretrain.model.gpt import build_transformer_config
     from leviathan_pretrain.model.lev import LEVInput
+    from leviathan_pretrain.model.settings import BuildSettings
 
     cfg = load_config(
         None,
@@ -420,7 +422,7 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if "a" in parts:
-        from leviathan_pretrain.parallel import destroy_distributed
+        from leviathan_pretrain.parallel.groups import destroy_distributed
 
         destroy_distributed()
 

@@ -1,4 +1,4 @@
-"""The per-rank memory estimate (``leviathan_pretrain.plan``) against the real trainer's measured peak, on CPU.
+"""The per-rank memory estimate (``leviathan_pretrain.plan.planner``) against the real trainer's measured peak, on CPU.
 
     python benchmarks/bench_memory.py [--variants lev tied] [--zero 0 1] [--tp 1 2] [--recompute none full ...]
         [--sp off on]
@@ -127,7 +127,7 @@ def loss_worker(impl: str, args) -> dict:
 
     from leviathan_pretrain.model import sizes
     from leviathan_pretrain.model.head import HeadOptions, LossRequest, head_forward
-    from leviathan_pretrain.parallel import one_process_group
+    from leviathan_pretrain.parallel.groups import one_process_group
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
     b, s, D, V = args.micro, args.seq, args.hidden, args.vocab
@@ -260,7 +260,7 @@ def run_case(args, variant: str, zero: int, tp: int, data: str, tmp: str, recomp
             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.plan import make_plan
+    from leviathan_pretrain.plan.planner import make_plan
 
     plan = make_plan(load_config(config, overrides), 1, n, device="cpu", mem_limit_gb=None)
     top = max(ranks, key=lambda r: r["peak"])
@@ -276,7 +276,7 @@ def _name(r: dict) -> str:
 
 def report(rows: list[dict], precision: str) -> None:
     keys = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers", "step")
-    print(f"\nestimate per rank (leviathan_pretrain.plan, device=cpu, {precision}), GiB")
+    print(f"\nestimate per rank (leviathan_pretrain.plan.planner, device=cpu, {precision}), GiB")
     print(f"{'case':<32} " + " ".join(f"{k[:11]:>11}" for k in keys) + f" {'total':>11}")
     for r in rows:
         mem = r["plan"].memory

@@ -80,7 +80,7 @@ class Ours:
     name = "ours"
 
     def __init__(self, cfg, device, name: str = "ours"):
-        from leviathan_pretrain.parallel import seed_everything
+        from leviathan_pretrain.parallel.groups import seed_everything
         from leviathan_pretrain.trainer.engine import build_engine
 
         seed_everything(cfg.train.seed, device)
@@ -319,7 +319,7 @@ def measure(cfg, device, args, label: str) -> dict:
     res["ratio_wall_medians"] = res["median_wall_s"]["ours"] / res["median_wall_s"]["ref"]
     tokens = cfg.train.global_batch_size * cfg.model.seq_length
     res["tokens_per_s"] = {k: tokens / v for k, v in res["median_wall_s"].items()}
-    from leviathan_pretrain.model import model_flops_per_token
+    from leviathan_pretrain.model.flops import model_flops_per_token
     from leviathan_pretrain.trainer.metrics import peak_flops
 
     peak = peak_flops(device, cfg.parallel.precision, cfg.logging.peak_flops)[0]
@@ -445,7 +445,7 @@ def main(argv=None) -> int:
         os.environ.pop(k, None)  # one process of its own, whatever launched us
     import torch
 
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed
+    from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed
 
     denv = init_distributed(cfg.parallel)
     jobs = [] if args.probe else [("step", measure, report, cfg, args.config)]

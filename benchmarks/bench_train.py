@@ -65,8 +65,8 @@ def shard_for_steps(cfg, steps: int, tmp: str) -> str:
 def paired_engines(cfgs: dict, ref: str):
     """The world from ``cfgs[ref]``, its training batches, and one engine per config built from the same seed
     (``build_engine``): ``(device env, engines, batches)``. Shared by the side-by-side benchmarks."""
-    from leviathan_pretrain.parallel import init_distributed, parallel_dims, seed_everything
-    from leviathan_pretrain.trainer.data import Batches, build_datasets, data_summary
+    from leviathan_pretrain.data.datasets import Batches, build_datasets, data_summary
+    from leviathan_pretrain.parallel.groups import init_distributed, parallel_dims, seed_everything
     from leviathan_pretrain.trainer.engine import build_engine
     from leviathan_pretrain.trainer.loop import collective_check
 
@@ -90,7 +90,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.parallel import destroy_distributed
+    from leviathan_pretrain.parallel.groups import destroy_distributed
 
     common = [
         f"parallel.tensor_parallel={args.tp}",

@@ -75,7 +75,8 @@ def gradients(cfg, args, device) -> dict:
     from torch._dynamo.utils import counters
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.model import BuildSettings, build_model
+    from leviathan_pretrain.model.assembly import build_model
+    from leviathan_pretrain.model.settings import BuildSettings
 
     tokens, pos, labels, mask = _batch(cfg, args.micro, device)
     grads, losses, weights, graphs = {}, {}, None, {}
@@ -179,7 +180,7 @@ def main(argv=None) -> int:
         os.environ.pop(k, None)
     import torch
 
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed
+    from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 in part 1
     torch.backends.cudnn.allow_tf32 = False

@@ -6,12 +6,12 @@
 #      gradient in fp32 and bf16 plus 5 trainer steps (benchmarks/check_compile.py): each check-*.json;
 #   2. per scale (400M, 1.2B), TIED and LEV through the real trainer (leviathan_pretrain.train, bf16, ZeRO 1) at the
 #      new defaults + CANDIDATE (the options whose check is in this run): tokens/s, TFLOP/s, MFU, peak memory
-#      (torch.cuda.max_memory_allocated) vs plan.py, LEV/TIED;
+#      (torch.cuda.max_memory_allocated) vs plan/planner.py, LEV/TIED;
 #   3. per scale, benchmarks/bench_step.py's four contestants on the same batches in rotating order: (A) ours at
 #      the old defaults (OLD), (B) ours at the new defaults + CANDIDATE, (C) Hugging Face Llama eager, (D) Hugging
 #      Face Llama + Liger (RMSNorm, SwiGLU, RoPE, fused linear CE in our number of chunks) + torch.compile; with a
 #      forward/backward/step breakdown, each one's memory, the host syncs and profile of one LEV step (first
-#      scale) and a memory snapshot of one step of ours at its peak (last scale: plan.py's transient term).
+#      scale) and a memory snapshot of one step of ours at its peak (last scale: plan/planner.py's transient term).
 # Never part of CI or of a test's numbers (the tests run --dry only, for the script's logic).
 #
 # Device tool, after `bash benchmarks/gpu_wheels.sh` here (DeepSpeed, megatron-core, liger-kernel, pydantic, hjson

@@ -40,8 +40,8 @@ def peak_memory_gib(run: Path) -> float | None:
 
 
 def plan_gib(cfg, device: str, world: int) -> float | None:
-    """``plan.py``'s per-rank memory estimate (GiB) for the run's config on ``world`` ranks of one node."""
-    from leviathan_pretrain.plan import make_plan
+    """``plan/planner.py``'s per-rank memory estimate (GiB) for the run's config on ``world`` ranks of one node."""
+    from leviathan_pretrain.plan.planner import make_plan
 
     try:
         plan = make_plan(cfg, 1, world, device="gpu" if device == "cuda" else "cpu", mem_limit_gb=None)
@@ -52,8 +52,8 @@ def plan_gib(cfg, device: str, world: int) -> float | None:
 
 def summarize_run(d: Path, warmup: int) -> dict:
     from leviathan_pretrain.config import Config
-    from leviathan_pretrain.configlib import build
-    from leviathan_pretrain.model import model_flops_per_token
+    from leviathan_pretrain.config.loader import build
+    from leviathan_pretrain.model.flops import model_flops_per_token
 
     cfg = build(Config, json.loads((d / "config.json").read_text()))
     recs = [json.loads(x) for x in (d / "train_log.jsonl").read_text().splitlines()]
@@ -176,7 +176,7 @@ def _runs_md(rows: list[dict]) -> list[str]:
     if not rows:
         return out + ["None in this check."]
     out += [
-        "| run | variant | tokens/s | TFLOP/s | MFU | step s | final loss | peak GiB | plan.py GiB |",
+        "| run | variant | tokens/s | TFLOP/s | MFU | step s | final loss | peak GiB | plan/planner.py GiB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

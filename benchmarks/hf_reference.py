@@ -1,6 +1,6 @@
 """The plain Hugging Face loops ``benchmarks/bench_step.py`` times ours against (issue 44's anchors C and D).
 
-- :class:`Reference` (C): ``LlamaForCausalLM`` of our shape (``evaluation/hf_convert.llama_config``; SDPA, the
+- :class:`Reference` (C): ``LlamaForCausalLM`` of our shape (``hf/convert.llama_config``; SDPA, the
   vocabulary padded as ours unless ``vocab="exact"``), in the run's precision (pure bf16 weights for bf16: what a
   plain loop trains), logits -> fp32 ``cross_entropy``, gradient accumulation over the same micro-batches,
   ``clip_grad_norm_`` and torch AdamW with our hyper-parameters, weight-decay groups and kernel flags.
@@ -27,7 +27,7 @@ def _llama(cfg, device, vocab: str, dtype):
     import torch
     from transformers import LlamaForCausalLM
 
-    from leviathan_pretrain.evaluation.hf_convert import llama_config
+    from leviathan_pretrain.hf.convert import llama_config
     from leviathan_pretrain.model import sizes
 
     hf = llama_config(cfg, {"bos": 1, "eos": 2, "pad": 0}, "float32")
@@ -49,8 +49,8 @@ class Reference:
     def __init__(self, cfg, device, vocab: str = "padded"):
         import torch
 
-        from leviathan_pretrain.model.accounting import weight_decay_groups
         from leviathan_pretrain.trainer.engine import adamw_kernel
+        from leviathan_pretrain.trainer.schedule import weight_decay_groups
 
         o = cfg.optim
         self.dtype = torch.bfloat16 if cfg.parallel.precision == "bf16" else torch.float32

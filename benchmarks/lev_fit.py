@@ -92,13 +92,12 @@ def scores(target, fit, seen, counts, buckets) -> dict:
 
 
 def lev_model_config(run_cfg, overrides: list[str]):
-    from leviathan_pretrain import configlib
-    from leviathan_pretrain.config import Config
+    from leviathan_pretrain.config import Config, loader
 
-    data = configlib.to_dict(run_cfg)
-    configlib.apply_overrides(data, ["model.variant=lev", *overrides])
-    cfg = configlib.build(Config, data)
-    configlib.validate_tree(cfg)
+    data = loader.to_dict(run_cfg)
+    loader.apply_overrides(data, ["model.variant=lev", *overrides])
+    cfg = loader.build(Config, data)
+    loader.validate_tree(cfg)
     return cfg
 
 
@@ -117,8 +116,9 @@ def fit(cfg, target, seen, weights, args, label: str, lr: float):
     draws ids with those probabilities; an id drawn n times counts n times); its rows for every id, fp32."""
     import torch
 
-    from leviathan_pretrain.model import BuildSettings, build_transformer_config
+    from leviathan_pretrain.model.gpt import build_transformer_config
     from leviathan_pretrain.model.lev import LEVInput
+    from leviathan_pretrain.model.settings import BuildSettings
 
     torch.manual_seed(args.seed)
     layer = LEVInput(build_transformer_config(cfg.model, BuildSettings(device="cpu")), cfg.model)

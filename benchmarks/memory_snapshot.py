@@ -1,4 +1,4 @@
-"""What is live at a step's memory peak, by allocation site: for checking ``plan.py``'s transient term on a GPU.
+"""What is live at a step's memory peak, by allocation site: for checking ``plan/planner.py``'s transient term on a GPU.
 
 ``record_step(fn, device, repo)`` runs ``fn`` (one training step) under the CUDA caching allocator's history
 (``torch.cuda.memory._record_memory_history``, Python stacks), takes ``torch.cuda.memory._snapshot()`` and
@@ -13,7 +13,7 @@ allocated bytes were highest, and sorts what was live then
   optimizer / DeepSpeed's buffers, the data, else ``other``;
 - by **site**: the innermost frame of this repository, DeepSpeed or megatron-core (``file:line function``).
 
-The plan's terms (plan.py: activations, the loss chunk, DeepSpeed's reduce bucket) can then be set against
+The plan's terms (plan/planner.py: activations, the loss chunk, DeepSpeed's reduce bucket) can then be set against
 the measured categories; ``python benchmarks/bench_step.py --memory-snapshot PATH`` writes the result.
 """
 
@@ -28,7 +28,7 @@ CATEGORIES = (
     ("lev_input", ("model/lev.py", "model/spline", "model/inputs.py")),
     ("optimizer", ("bf16_optimizer.py", "zero/stage", "torch/optim/", "trainer/faults.py")),
     ("deepspeed", ("deepspeed/",)),
-    ("data", ("trainer/transfer.py", "trainer/data.py")),
+    ("data", ("data/transfer.py", "data/datasets.py")),
     ("activations", ("megatron/core/", "model/gpt.py", "model/attention.py", "model/assembly.py", "model/head.py")),
 )
 BACKWARD_FILES = ("torch/_tensor.py", "torch/autograd/", "deepspeed/runtime/engine.py")

@@ -54,8 +54,9 @@ def build(scale: str, tp: int, device, tokens: int | None = None, precision: str
     import torch
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.model import BuildSettings, build_transformer_config
+    from leviathan_pretrain.model.gpt import build_transformer_config
     from leviathan_pretrain.model.lev import LEVInput
+    from leviathan_pretrain.model.settings import BuildSettings
 
     D, scale_tokens = SCALES[scale]
     tokens = tokens or scale_tokens

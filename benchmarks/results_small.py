@@ -92,7 +92,7 @@ def run_config(run: Path):
     """The run's config as its latest checkpoint recorded it, else as its ``config.json`` has it (a run restored from
     its record, benchmarks/study_records.py, has no checkpoints); ``None`` when neither is there."""
     from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location, saved_config, select_tag
-    from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
+    from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord
 
     try:
         ckpt_dir = checkpoint_location(run)

@@ -64,7 +64,7 @@ def ppl_cell(v) -> str:
 
 def init_cosine(run: Path) -> float | None:
     """The input rows' mean pairwise cosine at step 0 of the run's training log (as ``compare`` reads it)."""
-    from leviathan_pretrain.evaluation.compare_geometry import LOG_KEYS, init_value
+    from leviathan_pretrain.comparison.geometry import LOG_KEYS, init_value
     from leviathan_pretrain.rundir.train_log import LOG_NAME, read_log_values
 
     (points,) = read_log_values(run / LOG_NAME, LOG_KEYS["cosine"])

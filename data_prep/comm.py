@@ -12,7 +12,7 @@ from __future__ import annotations
 import traceback
 from typing import Callable, Protocol, TypeVar
 
-from data_prep.cli import UserError
+from common.cli import UserError
 
 T = TypeVar("T")
 

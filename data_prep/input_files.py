@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import os
 
-from data_prep.cli import UserError
+from common.cli import UserError
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import zstandard
 
-from data_prep import options as cli
-from data_prep.cli import UserError, run_main
-from data_prep.fileio import write_json_atomic
+from common import cli
+from common.cli import UserError, run_main
+from common.fileio import write_json_atomic
 
 DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 GCIDE = Path("/usr/share/dictd/gcide.dict.dz")

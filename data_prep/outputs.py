@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.cli import UserError
-from data_prep.fileio import write_json_atomic
+from common.cli import UserError
+from common.fileio import write_json_atomic
+from data_prep.file_tokenizer import set_slug
 from data_prep.manifest import Manifest, output_entry, part_totals, sum_counts
 from data_prep.parts import Job, part_dir
-from data_prep.pipeline import set_slug
 from data_prep.shards import merge_shards
 from data_prep.workdir import remove_work_dir
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.fileio import sha256_file, write_json_atomic
 from data_prep import __version__
-from data_prep.cli import log, per_file
-from data_prep.fileio import sha256_file, write_json_atomic
-from data_prep.pipeline import FileTokenizer
+from data_prep.console import log, per_file
+from data_prep.file_tokenizer import FileTokenizer
 from data_prep.tokenizer import Tokenizer
 
 

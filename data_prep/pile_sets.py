@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from data_prep.cli import UserError, log
+from common.cli import UserError
+from data_prep.console import log
 
 # The 22 ``meta.pile_set_name`` values of The Pile (exact spellings, as in the released jsonl).
 PILE_SET_NAMES = (

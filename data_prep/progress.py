@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from data_prep.cli import human_bytes, human_count, log, set_active_bar
+from data_prep.console import human_bytes, human_count, log, set_active_bar
 
 
 class Progress:

@@ -20,8 +20,8 @@ import time
 from contextlib import ExitStack, closing
 from typing import Callable
 
-from data_prep.cli import log
 from data_prep.comm import Comm
+from data_prep.console import log
 from data_prep.manifest import Manifest
 from data_prep.outputs import finalize
 from data_prep.parts import Job, run_part

@@ -15,7 +15,7 @@ import shutil
 
 import numpy as np
 
-from data_prep.cli import UserError
+from common.cli import UserError
 from data_prep.mmidx import IndexFormatError, read_header, write_index
 
 UINT16_LIMIT = 65536

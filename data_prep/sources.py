@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import orjson
 import zstandard
 
+from common.cli import UserError
 from data_prep.bounded_lines import MAX_RECORD_BYTES, TOO_LONG, split_lines, split_paragraphs
-from data_prep.cli import UserError, log
+from data_prep.console import log
 from data_prep.input_files import expand_inputs, input_format
 from data_prep.pile_sets import NO_SET, PILE_SET_NAMES, PRESETS, SetFilter, make_set_filter
 

@@ -7,7 +7,7 @@ data_prep/x.py``), so the code lives under a name that cannot.
 
 import sys
 
-from data_prep.cli import run_main
+from common.cli import run_main
 from data_prep.tokenize_cli import main
 
 if __name__ == "__main__":

@@ -21,16 +21,18 @@ import os
 import sys
 from pathlib import Path
 
-from data_prep import options as cli
-from data_prep.cli import UserError, human_bytes, log, set_log_prefix
+from common import cli
+from common.cli import UserError
+from common.exit_codes import EXIT_BAD_INPUT
 from data_prep.comm import LocalComm, MpiComm, RanksFailed
-from data_prep.exit_codes import EXIT_BAD_INPUT
+from data_prep.console import human_bytes, log, set_log_prefix
+from data_prep.input_files import expand_inputs, input_format
 from data_prep.manifest import Manifest
 from data_prep.outputs import existing_outputs, plain_text_hint
 from data_prep.parts import Job
+from data_prep.pile_sets import PRESETS, make_set_filter
 from data_prep.runner import run_job
 from data_prep.shards import choose_dtype
-from data_prep.sources import PRESETS, expand_inputs, input_format, make_set_filter
 from data_prep.tokenizer import open_tokenizer
 from data_prep.workdir import work_dir_for
 

@@ -15,7 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # the trainer's own thr
 import tokenizers  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
-from data_prep.cli import UserError, human_bytes  # noqa: E402
+from common.cli import UserError
+from data_prep.console import human_bytes  # noqa: E402
 
 EOD = "<|endoftext|>"
 

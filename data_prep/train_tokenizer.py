@@ -44,10 +44,13 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from data_prep import options as cli
-from data_prep.cli import UserError, human_bytes, log, per_file, run_main, set_log_prefix
-from data_prep.fileio import write_bytes_atomic, write_json_atomic
-from data_prep.sources import NO_SET, PRESETS, FileReader, SetFilter, expand_inputs, make_set_filter
+from common import cli
+from common.cli import UserError, run_main
+from common.fileio import write_bytes_atomic, write_json_atomic
+from data_prep.console import human_bytes, log, per_file, set_log_prefix
+from data_prep.input_files import expand_inputs
+from data_prep.pile_sets import NO_SET, PRESETS, SetFilter, make_set_filter
+from data_prep.sources import FileReader
 
 FILES = ("tokenizer.model", "tokenizer.vocab", "tokenizer_meta.json")
 

@@ -17,8 +17,9 @@ import re
 import shutil
 from pathlib import Path
 
-from data_prep.cli import UserError, log
-from data_prep.fileio import write_json_atomic
+from common.cli import UserError
+from common.fileio import write_json_atomic
+from data_prep.console import log
 
 WORK_MARKER = ".data_prep-work.json"
 WORK_SUFFIX = ".data_prep-work"  # --work-dir DIR: DIR/<prefix basename>.data_prep-work

@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from data_prep.fileio import write_bytes_atomic
+from common.fileio import write_bytes_atomic
 from launchers import records
 from launchers.sbatch import Launch
 from leviathan_pretrain.config import to_dict

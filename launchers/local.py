@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from data_prep.exit_codes import EXIT_REQUEUE
-from leviathan_pretrain.ports import free_port  # torch-free: the launcher starts in milliseconds
+from common.exit_codes import EXIT_REQUEUE
+from leviathan_pretrain.parallel.ports import free_port  # torch-free: the launcher starts in milliseconds
 
 
 def exit_code(rc: int) -> int:

@@ -19,7 +19,6 @@ import json
 import os
 from pathlib import Path
 
-from leviathan_pretrain.rundir.layout import LOGS as LOGS_DIR  # noqa: F401  (re-exported)
 from leviathan_pretrain.rundir.layout import SLURM as SLURM_DIR
 
 JOBS = "jobs.jsonl"

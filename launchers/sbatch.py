@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from data_prep.exit_codes import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_REQUEUE
-from launchers.records import LOGS_DIR
+from common.exit_codes import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_REQUEUE
+from leviathan_pretrain.rundir.layout import LOGS as LOGS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHES = ("torchrun", "srun", "deepspeed")
@@ -231,7 +231,7 @@ restarts=${SLURM_RESTART_COUNT:-0}
 TZ=UTC0 printf -v now '%(%FT%TZ)T' -1
 if [ "$rc" != @REQUEUE@ ] && [ "$rc" != @PEER_LOST@ ] && [ -n "${LEV_STEP_CODES:-}" ]; then
   # srun reports its tasks' highest code: a rank that lost its peer (76) is hidden by the stalled peer that srun
-  # SIGKILLed after it (137). The ranks that exit 75 or 76 say so in $LEV_STEP_CODES first (data_prep/exit_codes.py).
+  # SIGKILLed after it (137). The ranks that exit 75 or 76 say so in $LEV_STEP_CODES first (common/exit_codes.py).
   said=""
   for f in "$LEV_STEP_CODES"/rank-*; do
     [ -f "$f" ] || continue
@@ -325,7 +325,7 @@ def train_script(
         'echo "[launch] $(date -u +%FT%TZ) job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)):'
         ' $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT, run $RUN_DIR"',
         f"NODE_CMD=({' '.join(cmd)})",
-        # the codes the ranks chose (75, 76), read after the step by the requeue rule (data_prep/exit_codes.py)
+        # the codes the ranks chose (75, 76), read after the step by the requeue rule (common/exit_codes.py)
         'export LEV_STEP_CODES="$RUN_DIR/slurm/step-codes/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"',
         'mkdir -p "$LEV_STEP_CODES"',
         srun,

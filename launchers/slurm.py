@@ -20,11 +20,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from data_prep.options import run_main
+from common.cli import run_main
 from launchers import records, sbatch
 from launchers.job_files import SbatchFailed, job_dir, record, run_sbatch, write_script
 from launchers.job_spec import Job, Refused, Request, job_of, launch_of
-from launchers.pipeline_stages import eval_stage, prep_stage
+from launchers.prep_eval_jobs import eval_stage, prep_stage
 from launchers.sbatch import Launch, ScriptError
 from launchers.slurm_args import parse
 from launchers.submit_checks import active_jobs, need_sbatch, prepared

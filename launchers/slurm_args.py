@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from data_prep import options as cli
+from common import cli
 from launchers.sbatch import LAUNCHES
 
 EXAMPLES = """examples:

@@ -19,11 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from data_prep import options as cli
-from launchers.records import JOBS, SLURM_DIR, jobs_file, read_records
+from common import cli
+from launchers.records import JOBS, jobs_file, read_records
+from leviathan_pretrain.rundir.layout import SLURM as SLURM_DIR
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
-from leviathan_pretrain.trainer.ckpt_names import CheckpointError, read_latest, step_of
+from leviathan_pretrain.trainer.checkpoint.names import CheckpointError, read_latest, step_of
 
 METRIC_TAGS = ("train/loss", "perf/tokens_per_s", "valid/loss")
 FORGOTTEN = "SLURM no longer knows this job (it forgets finished jobs after MinJobAge); see the log"

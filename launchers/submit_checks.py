@@ -47,7 +47,7 @@ def check_device(cfg, res: Resources) -> None:
 
 
 def make_plan(cfg, job: Job):
-    from leviathan_pretrain.plan import format_plan, make_plan
+    from leviathan_pretrain.plan.planner import format_plan, make_plan
 
     res = job.resources
     gpu = res.gpus_per_node > 0

@@ -31,11 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_prep.exit_codes import EXIT_BAD_INPUT
-from data_prep.options import run_main
+from common.cli import run_main
+from common.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
-from leviathan_pretrain.trainer import data_cache as C  # light: no torch
-from leviathan_pretrain.trainer.data_cache import BLENDED_FILES, GPT_FILES, atomic_write_text
+from leviathan_pretrain.data import index_cache as C  # light: no torch
+from leviathan_pretrain.data.index_cache import BLENDED_FILES, GPT_FILES, atomic_write_text
 
 EPILOG = """examples:
   python -m leviathan_pretrain.build_data_cache --config configs/400m-lev.yaml \\
@@ -138,8 +138,8 @@ def _stage_existing(cdir: Path, stage: Path) -> list[str]:
 def build_cache(cfg, config_label: str = "", log=print) -> dict:
     """Checks, index build and stamp for ``cfg``; returns a report (steps with seconds and memory, files)."""
     # imported here, not at the top: --help answers at once, and megatron-core's import cost is a reported step
-    from leviathan_pretrain import parallel
-    from leviathan_pretrain.trainer import data as D
+    from leviathan_pretrain.data import datasets as D
+    from leviathan_pretrain.parallel import groups
 
     m = Meter()
     with m.step("import megatron-core"):
@@ -167,7 +167,7 @@ def build_cache(cfg, config_label: str = "", log=print) -> dict:
     stage = Path(tempfile.mkdtemp(prefix=".leviathan-build-", dir=cdir))
     try:
         damaged = _stage_existing(cdir, stage)
-        with m.step("index build or load (megatron-core)"), parallel.one_process_group():
+        with m.step("index build or load (megatron-core)"), groups.one_process_group():
             splits = D.build_splits(cfg, eod, True, path_to_cache=str(stage))
         names = C.index_files(splits)
         new = [n for n in names if (stage / n).is_file() and not (stage / n).is_symlink()]
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
-    from leviathan_pretrain.trainer.data import ShardError
+    from leviathan_pretrain.data.datasets import ShardError
 
     return run_main(functools.partial(_build, cfg), args, errors=(ConfigError, ShardError))
 

@@ -21,17 +21,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep import options as cli
-from data_prep.fileio import write_bytes_atomic
-from leviathan_pretrain.evaluation import compare_geometry as geometry
-from leviathan_pretrain.evaluation import compare_tables as tables
-from leviathan_pretrain.evaluation.compare_tables import COLUMNS, Comparison, RunRow
+from common import cli
+from common.fileio import write_bytes_atomic
+from leviathan_pretrain.comparison import geometry, tables
+from leviathan_pretrain.comparison.tables import COLUMNS, Comparison, RunRow
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.rundir.train_log import LOG_NAME, TrainLogError, read_log_values
-from leviathan_pretrain.trainer.ckpt_names import META, CheckpointError, complete_tags, read_latest
-from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
+from leviathan_pretrain.trainer.checkpoint.names import META, CheckpointError, complete_tags, read_latest
+from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord
 
 
 class CompareError(Exception):
@@ -192,7 +191,7 @@ def config_params(run: Run) -> dict | None:
     """``{"input", "total"}`` from the run config (model/sizes.py's closed form), None when it does not load."""
     try:
         from leviathan_pretrain.config import Config
-        from leviathan_pretrain.configlib import build
+        from leviathan_pretrain.config.loader import build
         from leviathan_pretrain.model import counts
 
         cfg = build(Config, run.config)
@@ -300,7 +299,7 @@ def write_atomic(path: Path, text: str) -> Path:
 
 def write_outputs(comp: Comparison, text: str, csv_text: str, out: Path) -> list:
     """``comparison.md`` (``text``), ``comparison.csv`` and the plots in ``out``; the paths written."""
-    from leviathan_pretrain.evaluation import plots
+    from leviathan_pretrain.comparison import plots
 
     out.mkdir(parents=True, exist_ok=True)
     written = [write_atomic(out / "comparison.md", text), write_atomic(out / "comparison.csv", csv_text)]

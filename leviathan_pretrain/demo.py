@@ -1,6 +1,6 @@
 """The main job on the embedded default corpus: ``python -m leviathan_pretrain.demo`` (what ``make demo`` runs).
 
-1. Prepares the data with ``data_prep.demo.run_demo(<out>)`` (``python -m data_prep.demo``: a corpus from the
+1. Prepares the data with ``data_prep.data_demo.run_demo(<out>)`` (``python -m data_prep.data_demo``: a corpus from the
    Python standard library's sources -> SentencePiece tokenizer -> megatron-core train/val shards; steps
    already done are reused).
 2. Trains the ``tiny-cpu`` LEV model on 2 local processes with tensor parallelism 2
@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep import options as cli
-from data_prep.demo import run_demo
-from data_prep.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
-from data_prep.fileio import read_json
+from common import cli
+from common.exit_codes import EXIT_BAD_INPUT, EXIT_REQUEUE
+from common.fileio import read_json
+from data_prep.data_demo import run_demo
+from leviathan_pretrain.data.tokenizer import open_cached
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout
-from leviathan_pretrain.tokenizer import open_cached
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MARK = ".leviathan-demo-run"  # the training directory the demo created (the only one --overwrite deletes)
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", default=str(REPO / "configs/tiny-cpu-lev.yaml"), help="training config")
     ap.add_argument("--nprocs", type=int, default=2, help="local ranks (default 2, all tensor-parallel)")
     ap.add_argument("--steps", type=int, default=120, help="training steps (default 120: a few minutes on 2 cores)")
-    ap.add_argument("--data-prefix", default=None, help="use this shard instead of running data_prep.demo")
+    ap.add_argument("--data-prefix", default=None, help="use this shard instead of running data_prep.data_demo")
     ap.add_argument(
         "--tokenizer",
         default=None,
@@ -173,13 +173,13 @@ def main(argv=None) -> int:
 
 
 def prepare_data(req: Request) -> Data:
-    """Step 1: ``--data-prefix`` as given, else ``data_prep.demo.run_demo`` (steps already done are reused)."""
+    """Step 1: ``--data-prefix`` as given, else ``data_prep.data_demo.run_demo`` (steps already done are reused)."""
     if req.tokenizer and not req.data_prefix:
         raise DemoError("--tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)")
     if req.data_prefix:
         data = Data(req.data_prefix, None, req.tokenizer, None)
     else:
-        print(f"[demo] data: data_prep.demo.run_demo({str(req.out)!r})", flush=True)
+        print(f"[demo] data: data_prep.data_demo.run_demo({str(req.out)!r})", flush=True)
         made = run_demo(req.out)
         tokenizer = made["tokenizer"]
         data = Data(made["train_prefix"], made["val_prefix"], tokenizer, open_cached(tokenizer).vocab_size)

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data_prep import options as cli
-from data_prep.dtypes import torch_dtype
+from common import cli
+from common.dtypes import torch_dtype
 from leviathan_pretrain.rundir.layout import RunLayout
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@
 PP shards merged, ZeRO-3 partitions gathered) and writes into ``DIR``:
 
 - ``config.json`` (``LlamaConfig``), ``generation_config.json``, ``model.safetensors``;
-- the tokenizer, for each kind (:mod:`~.evaluation.hf_tokenizer`): a SentencePiece run's ``tokenizer.model``
+- the tokenizer, for each kind (:mod:`~.hf.tokenizer`): a SentencePiece run's ``tokenizer.model``
   with transformers' ``LlamaTokenizer`` files, a Hugging Face run's ``tokenizer.json`` as it is, a tiktoken run's
   encoding converted to a fast byte-level BPE ``tokenizer.json``; each with a ``tokenizer_config.json`` adding no
   BOS / EOS, loaded back with ``AutoTokenizer`` and checked to give the run's ids on probe texts before writing;
@@ -25,8 +25,8 @@ The directory is written beside ``DIR`` and renamed into place. An existing non-
 ``--overwrite``, and even then only a directory holding our ``leviathan_export.json`` is replaced. Bad input
 prints one ``error: ...`` line naming the file and exits 2. Nothing is downloaded (``local_files_only``).
 
-The conversion itself (and :func:`~.evaluation.hf_convert.greedy_decode`, the reference for HF ``generate()``)
-is in :mod:`leviathan_pretrain.evaluation.hf_convert`.
+The conversion itself (and :func:`~.hf.convert.greedy_decode`, the reference for HF ``generate()``)
+is in :mod:`leviathan_pretrain.hf.convert`.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep import options as cli
-from data_prep.dtypes import DTYPES, long_name
+from common import cli
+from common.dtypes import DTYPES, long_name
 
 MARKER = "leviathan_export.json"
 FORMAT = "leviathan-hf-export"
-DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / HF name (data_prep/dtypes.py)
+DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / HF name (common/dtypes.py)
 
 
 # ---------------------------------------------------------------- the output directory
@@ -57,7 +57,7 @@ DTYPE_NAMES = {name: long_name(name) for name in DTYPES}  # --dtype -> torch / H
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an ``out`` that is a file, a link, or a non-empty directory that is not our export (or is, without
     ``overwrite``)."""
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
+    from leviathan_pretrain.hf.tokenizer import ExportError
 
     if out.is_symlink():
         raise ExportError(f"{out}: is a symbolic link; give the real directory")
@@ -120,7 +120,7 @@ class Converted:
 
     config: object  # transformers.LlamaConfig
     state: dict  # {HF name: tensor}
-    ids: dict  # the tokenizer's special ids (hf_tokenizer.special_ids)
+    ids: dict  # the tokenizer's special ids (hf.tokenizer.special_ids)
     parameters: int
 
 
@@ -134,7 +134,7 @@ def export(
     overwrite: bool = False,
 ) -> Exported:
     """Write the HF export of a run's checkpoint to ``out`` (see the module doc); inside ``eval_world``."""
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
+    from leviathan_pretrain.hf.tokenizer import ExportError
 
     t0 = time.time()
     if dtype not in DTYPE_NAMES:
@@ -177,8 +177,8 @@ def _trained_counts(trained) -> dict:
 def load_checked(run_dir, step: int | None, checkpoint_dir, tokenizer):
     """The run's checkpoint (``load_trained``), refused without a tokenizer or with one larger than the model's
     vocabulary."""
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError
     from leviathan_pretrain.evaluation.load import load_trained
+    from leviathan_pretrain.hf.tokenizer import ExportError
 
     trained = load_trained(run_dir, step=step, checkpoint_dir=checkpoint_dir, tokenizer=tokenizer)
     if trained.tokenizer is None:
@@ -194,8 +194,8 @@ def convert(trained, dtype: str) -> Converted:
     """The Llama config and tensors of ``trained`` (its model is released), checked and cast to ``dtype``."""
     import torch
 
-    from leviathan_pretrain.evaluation.hf_convert import check_llama_layout, llama_config, llama_state_dict
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError, special_ids
+    from leviathan_pretrain.hf.convert import check_llama_layout, llama_config, llama_state_dict
+    from leviathan_pretrain.hf.tokenizer import ExportError, special_ids
 
     ids = special_ids(trained.tokenizer)
     config = llama_config(trained.cfg, ids, DTYPE_NAMES[dtype])
@@ -226,7 +226,7 @@ def write_export(tmp: Path, run_dir, trained, converted: Converted, dtype: str) 
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    from leviathan_pretrain.evaluation.hf_tokenizer import write_tokenizer
+    from leviathan_pretrain.hf.tokenizer import write_tokenizer
 
     ids = converted.ids
     converted.config.save_pretrained(str(tmp))
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
 
     from leviathan_pretrain.evaluation.load import EvalError
 
-    return cli.run_main(_export, args, errors=(EvalError,))  # hf_convert.ExportError included
+    return cli.run_main(_export, args, errors=(EvalError,))  # hf.tokenizer.ExportError included
 
 
 def _export(args) -> int:

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import sys
 
-from data_prep.options import run_main
+from common.cli import run_main
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config
 from leviathan_pretrain.model import counts
 

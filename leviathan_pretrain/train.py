@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from data_prep.exit_codes import EXIT_BAD_INPUT
+from common.exit_codes import EXIT_BAD_INPUT
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
 
 EPILOG = """examples:
@@ -64,11 +64,12 @@ def main(argv=None) -> int:
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     # Imported only now (measured ~6 s: torch, megatron-core, DeepSpeed): --help and config errors answer at
     # once, and DS_ACCELERATOR / CUDA_DEVICE_MAX_CONNECTIONS must be set before DeepSpeed and megatron load.
-    from data_prep.exit_codes import record_step_code
-    from leviathan_pretrain.parallel import destroy_distributed
-    from leviathan_pretrain.trainer.checkpoint import CheckpointError
-    from leviathan_pretrain.trainer.data import ShardError
-    from leviathan_pretrain.trainer.faults import EXIT_CONFIG, EXIT_DIVERGED, Diverged, abort_rank
+    from common.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG
+    from common.exit_codes import EXIT_DIVERGED, record_step_code
+    from leviathan_pretrain.data.datasets import ShardError
+    from leviathan_pretrain.parallel.groups import destroy_distributed
+    from leviathan_pretrain.trainer.checkpoint.names import CheckpointError
+    from leviathan_pretrain.trainer.faults import Diverged, abort_rank
     from leviathan_pretrain.trainer.loop import run
 
     code = None
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     finally:
         if code is not None:
             destroy_distributed(barrier=False)  # no barrier: a rank that did not raise must not hold us
-    record_step_code(code)  # 75: for the SLURM job script (data_prep/exit_codes.py)
+    record_step_code(code)  # 75: for the SLURM job script (common/exit_codes.py)
     return code
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from leviathan_pretrain.ports import free_port
+from leviathan_pretrain.parallel.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 def one_rank_world(parallel):
     """This test process as a world of one (``init_distributed(parallel)``), with the rank variables cleared
     for it and restored afterwards."""
-    from leviathan_pretrain.parallel import destroy_distributed, init_distributed
+    from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed
 
     saved = {k: os.environ.get(k) for k in RANK_VARS}
     for k in RANK_VARS:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from leviathan_pretrain.ports import free_port  # noqa: E402
+from leviathan_pretrain.parallel.ports import free_port  # noqa: E402
 from tests import netns_nodes  # noqa: E402
 
 DAEMONS = ("slurmd", "slurmctld", "munged")

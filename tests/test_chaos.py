@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, overrides
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from leviathan_pretrain.trainer.state import TrainState
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
@@ -368,15 +368,15 @@ def test_a_different_tensor_parallel_size_is_refused_naming_both_layouts():
 
 def record(fields: dict):
     """A checkpoint record at step 0 with ``fields``."""
-    from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
+    from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord
 
     return CheckpointRecord.from_json({"step": 0, "consumed_samples": 0, **fields}, "leviathan.json")
 
 
 def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.model import LAYOUT_VERSION
-    from leviathan_pretrain.parallel import ParallelDims
+    from leviathan_pretrain.model.assembly import LAYOUT_VERSION
+    from leviathan_pretrain.parallel.groups import ParallelDims
 
     cfg = load_config(CONFIG, [])
     dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
@@ -389,8 +389,8 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
     """``model.compile`` / ``model.activation_fusion`` change speed, not the weights: a checkpoint written before
     the keys existed, or with other values, resumes; a key that shapes the weights is still refused."""
     from leviathan_pretrain.config import load_config, to_dict
-    from leviathan_pretrain.model import LAYOUT_VERSION
-    from leviathan_pretrain.parallel import ParallelDims
+    from leviathan_pretrain.model.assembly import LAYOUT_VERSION
+    from leviathan_pretrain.parallel.groups import ParallelDims
 
     cfg = load_config(CONFIG, [])
     dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
@@ -411,8 +411,8 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
 
 
 def test_layout_rules_without_reshard():
-    from leviathan_pretrain.trainer.ckpt_record import ParallelLayout
-    from leviathan_pretrain.trainer.reshard import check_layout
+    from leviathan_pretrain.trainer.checkpoint.record import ParallelLayout
+    from leviathan_pretrain.trainer.checkpoint.reshard import check_layout
 
     saved = ParallelLayout(tp=1, pp=2, dp=4, zero_stage=1)
     check_layout(saved, 1, 2, 2, 1, True, "ck")  # fewer nodes: fine

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, overrides
 
@@ -113,7 +113,7 @@ READ_ONLY = """
 import sys
 from pathlib import Path
 from leviathan_pretrain.trainer import checkpoint as ckpt
-from leviathan_pretrain.trainer.safe_io import safe_save
+from leviathan_pretrain.trainer.checkpoint.safe_io import safe_save
 d = Path(sys.argv[1])
 rng, latest = d / "global_step6" / "rng_rank00000.pt", d / "latest"
 for write in (lambda: safe_save({}, rng), lambda: ckpt._atomic_write(latest, "global_step6")):

@@ -1,4 +1,4 @@
-"""Pruning and the start-up clean-up of interrupted saves (trainer/checkpoint.py) never touch what they must keep:
+"""Pruning and the start-up clean-up of interrupted saves (trainer/checkpoint/store.py) never touch what they must keep:
 the newest checkpoints, the one ``latest`` names, the newest confirmed one (``protect``), a save whose writer is alive
 on this host (its pid and that process's start time), anything not ours."""
 
@@ -9,17 +9,17 @@ import socket
 
 import pytest
 
-from leviathan_pretrain.trainer.ckpt_names import LATEST, SAVING
-from leviathan_pretrain.trainer.run_lock import proc_start
+from leviathan_pretrain.trainer.checkpoint.names import LATEST, SAVING
+from leviathan_pretrain.trainer.checkpoint.run_lock import proc_start
 from tests.test_ckpt_resume import make_interrupted, run_dir
 from tests.test_run_lock import dead_pid
 
 
 @pytest.fixture(scope="module")
 def ckpt():
-    from leviathan_pretrain.trainer import checkpoint
+    from leviathan_pretrain.trainer.checkpoint import store
 
-    return checkpoint
+    return store
 
 
 def test_prune_keeps_the_newest_latest_and_protect(tmp_path, ckpt):

@@ -9,8 +9,8 @@ import pytest
 
 from leviathan_pretrain.rundir import train_log
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
-from leviathan_pretrain.trainer.ckpt_names import CheckpointError
-from leviathan_pretrain.trainer.ckpt_record import ALWAYS_WRITTEN, CheckpointRecord, ParallelLayout
+from leviathan_pretrain.trainer.checkpoint.names import CheckpointError
+from leviathan_pretrain.trainer.checkpoint.record import ALWAYS_WRITTEN, CheckpointRecord, ParallelLayout
 
 REPO = Path(__file__).resolve().parents[1]
 WRITTEN = {  # what the trainer writes, in its key order (tests/test_checkpoint.py reads a real one)
@@ -127,8 +127,8 @@ def test_run_layout_defaults_and_the_config_overrides(tmp_path):
 
 def test_the_record_and_layout_modules_do_not_import_torch():
     code = (
-        "import sys, leviathan_pretrain.trainer.ckpt_record, leviathan_pretrain.rundir.layout, "
-        "leviathan_pretrain.rundir.train_log, leviathan_pretrain.rundir.tb_events, data_prep.exit_codes; "
+        "import sys, leviathan_pretrain.trainer.checkpoint.record, leviathan_pretrain.rundir.layout, "
+        "leviathan_pretrain.rundir.train_log, leviathan_pretrain.rundir.tb_events, common.exit_codes; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -1,6 +1,6 @@
-"""Which checkpoint a start resumes from (trainer/ckpt_resume.py), checked before loading: the rules of ``latest``,
-start_over, resume_from, verify() and fallback; the resume keys of the config. Pruning and the clean-up of interrupted
-saves: tests/test_ckpt_prune.py."""
+"""Which checkpoint a start resumes from (trainer/checkpoint/resume.py), checked before loading: the rules of
+``latest``, start_over, resume_from, verify() and fallback; the resume keys of the config. Pruning and the clean-up
+of interrupted saves: tests/test_ckpt_prune.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import ConfigError, load_config, to_dict
-from leviathan_pretrain.trainer.ckpt_names import LATEST, META, SAVING, CheckpointError
-from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
-from leviathan_pretrain.trainer.ckpt_resume import APPLIED, Resume, choose, manifest, move_aside, verify
+from leviathan_pretrain.trainer.checkpoint.names import LATEST, META, SAVING, CheckpointError
+from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord
+from leviathan_pretrain.trainer.checkpoint.resume import APPLIED, Resume, choose, manifest, move_aside, verify
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu-lev.yaml"
 CFG_DICT = to_dict(load_config(CONFIG))

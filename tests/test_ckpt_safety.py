@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, events, launch, losses, overrides, records, spec, workdir
 
@@ -252,7 +252,7 @@ def test_a_stalled_holder_loses_the_directory_and_writes_nothing(tmp_path):
     another host is silent for checkpoint.lock_timeout_s; a requeued attempt takes the directory over (one line),
     trains and saves. When the stalled one wakes, its heartbeat finds the lease gone: it stops at its next step with
     exit 2 and "lost its run lock", saving nothing over the new owner's checkpoints."""
-    from leviathan_pretrain.trainer.run_lock import Holder
+    from leviathan_pretrain.trainer.checkpoint.run_lock import Holder
 
     out = tmp_path / "run"
     lease = ("checkpoint.lock_heartbeat_s=0.5", "checkpoint.lock_timeout_s=3")

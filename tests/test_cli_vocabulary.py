@@ -1,4 +1,4 @@
-"""One command-line vocabulary (data_prep/options.py), checked in-process on every command's parser: ``--help``
+"""One command-line vocabulary (common/cli.py), checked in-process on every command's parser: ``--help``
 shows ``--run`` / ``--out`` / ``--overwrite`` / ``--quiet`` / ``--dtype`` where a command has that meaning and never
 a hidden alias; each old spelling parses to the same value as the new one; ``--dtype bfloat16`` is ``bf16``."""
 
@@ -8,11 +8,10 @@ import sys
 
 import pytest
 
-from data_prep import demo as data_demo
-from data_prep import make_corpus, tokenize_cli, train_tokenizer
-from data_prep import options as cli
-from data_prep.cli import UserError
-from data_prep.cli import run_main as data_prep_run_main
+from common import cli
+from common.cli import UserError
+from common.cli import run_main as data_prep_run_main
+from data_prep import data_demo, make_corpus, tokenize_cli, train_tokenizer
 from launchers import local, slurm_args, status
 from leviathan_pretrain import build_data_cache, compare, evaluate, export_hf, params, train
 from leviathan_pretrain import demo as train_demo
@@ -29,7 +28,7 @@ COMMANDS = {
     "data_prep.tokenize": (tokenize_cli.build_parser, [], {"--out", "--overwrite", "--quiet"}),
     "data_prep.train_tokenizer": (train_tokenizer.build_parser, [], {"--out", "--overwrite", "--verbose"}),
     "data_prep.make_corpus": (make_corpus.build_parser, [], {"--out", "--overwrite"}),
-    "data_prep.demo": (data_demo.build_parser, [], {"--out", "--overwrite"}),
+    "data_prep.data_demo": (data_demo.build_parser, [], {"--out", "--overwrite"}),
     "launchers.slurm submit": (slurm_args.build_parser, ["submit"], {"--run"}),
     "launchers.slurm sweep": (slurm_args.build_parser, ["sweep"], {"--run"}),
     "launchers.slurm pipeline": (slurm_args.build_parser, ["pipeline"], {"--run"}),
@@ -50,7 +49,7 @@ ALIASES = [
     ("data_prep.train_tokenizer", ["--input", "x", "--vocab-size", "900"], ["--out", "d"], ["--output", "d"], "output"),
     ("data_prep.make_corpus", [], ["--out", "d"], ["d"], "out"),
     ("data_prep.make_corpus", ["--out", "d"], ["--overwrite"], ["--force"], "overwrite"),
-    ("data_prep.demo", [], ["--overwrite"], ["--force"], "overwrite"),
+    ("data_prep.data_demo", [], ["--overwrite"], ["--force"], "overwrite"),
     ("launchers.slurm submit", ["--config", "c.yaml"], ["--run", "r"], ["--run-dir", "r"], "run_dir"),
     ("launchers.slurm sweep", ["--configs", "c.yaml"], ["--run", "r"], ["--run-dir", "r"], "run_dir"),
     ("launchers.slurm pipeline", ["--config", "c.yaml"], ["--run", "r"], ["--run-dir", "r"], "run_dir"),
@@ -135,7 +134,7 @@ def test_run_main_one_line_errors(capsys):
 
 def test_a_reader_that_leaves_ends_lev_quietly(monkeypatch):
     """``lev | head``: stdout's reader is gone (a pipe whose read end is closed): exit 1, no BrokenPipeError."""
-    from leviathan_pretrain import __main__ as lev
+    from launchers import commands as lev
 
     read, write = os.pipe()
     os.close(read)

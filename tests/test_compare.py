@@ -393,7 +393,7 @@ def test_geometry_columns_and_plot(tmp_path):
 
     # what the plot draws: steps to tokens as for the loss curves (x 8 x 128), a line per run, none for untied
     from leviathan_pretrain.compare import load_run
-    from leviathan_pretrain.evaluation.compare_geometry import series
+    from leviathan_pretrain.comparison.geometry import series
 
     drawn = series([load_run(str(r)) for r in (lev, tied, untied)])
     assert drawn[0] == {"name": "lev-a", "cosine": [(s * 1024, c) for s, (c, _) in LEV_GEO.items()],
@@ -435,7 +435,7 @@ def test_plot_colours_stay_distinct_past_ten_runs():
     # the 13-run study drew TIED and a LEV run in the same blue, ALBERT and lev-long in the same green
     from matplotlib.colors import to_rgba
 
-    from leviathan_pretrain.evaluation.plots import colors
+    from leviathan_pretrain.comparison.plots import colors
 
     for n in (1, 3, 10, 11, 13, 20):
         assert len({to_rgba(c) for c in colors(n)}) == n, n
@@ -501,7 +501,7 @@ def _valid_tokens(run: Path) -> tuple[list, dict]:
 
 def test_real_trained_runs(trained_run, tmp_path):
     from leviathan_pretrain.config import Config
-    from leviathan_pretrain.configlib import build
+    from leviathan_pretrain.config.loader import build
     from leviathan_pretrain.model import counts
 
     lev, tied = trained_run("lev-tp2"), trained_run("tied-tp2")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.model import BuildSettings, ModelConfigError
 from leviathan_pretrain.model.assembly import build_model
 from leviathan_pretrain.model.gpt import GroupRowParallelLinear, build_layer_spec, build_transformer_config
+from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
 from tests.multiproc import one_rank_world, run_ranks
 from tests.small_model import small_model_overrides
 from tests.workers.train_common import spec, workdir

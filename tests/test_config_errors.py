@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from leviathan_pretrain.config import ConfigError, ParallelConfig, load_config
-from leviathan_pretrain.configlib import suggest
+from leviathan_pretrain.config.loader import suggest
 
 CONFIG = "configs/tiny-cpu-lev.yaml"
 
@@ -64,7 +64,7 @@ def test_errors_from_the_file_name_the_file(tmp_path):
 
 
 def test_tp_larger_than_one_process_names_the_launcher_command(monkeypatch):
-    from leviathan_pretrain.parallel import init_distributed, launch_hint
+    from leviathan_pretrain.parallel.groups import init_distributed, launch_hint
 
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "leviathan_pretrain.train", "--config", CONFIG, "x=1"])
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from leviathan_pretrain import build_data_cache as B
-from leviathan_pretrain import parallel
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.trainer import data as D
-from leviathan_pretrain.trainer import data_cache as C
+from leviathan_pretrain.data import datasets as D
+from leviathan_pretrain.data import index_cache as C
+from leviathan_pretrain.parallel import groups
 from tests.workers.train_common import CONFIG, TINY, shard
 from tests.workers.train_data import write_shard
 
@@ -38,7 +38,7 @@ def snapshot(d: Path) -> dict:
 def trainer_build(cfg):
     """What every rank of the trainer does: rank 0's checks give the EOD id, then build_datasets."""
     eod = D.data_summary(cfg)["eod_id"]
-    with parallel.one_process_group():
+    with groups.one_process_group():
         return D.build_datasets(cfg, eod, needs_data=True)
 
 

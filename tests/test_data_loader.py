@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, check_data, inspect_shard, split_bounds
+from leviathan_pretrain.data.datasets import (
+    Batches,
+    ShardError,
+    build_datasets,
+    check_data,
+    inspect_shard,
+    split_bounds,
+)
 from tests.workers.train_common import CONFIG, TINY, shard
 from tests.workers.train_data import write_shard
 
@@ -88,7 +95,7 @@ def one_rank_group():
     """megatron-core's blended datasets ask torch.distributed for the rank: a 1-process gloo group."""
     import torch.distributed as dist
 
-    from leviathan_pretrain.ports import free_port
+    from leviathan_pretrain.parallel.ports import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield

@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from data_prep.sources import PILE_SET_NAMES, PRESETS
+from data_prep.pile_sets import PILE_SET_NAMES, PRESETS
 
 SETS = ["Books3", "Github", "OpenWebText2", "Pile-CC", "YoutubeSubtitles"]
 

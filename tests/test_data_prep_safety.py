@@ -9,8 +9,8 @@ import os
 
 import pytest
 
+from common.cli import UserError
 from data_prep import shards
-from data_prep.cli import UserError
 
 MARKER = ".data_prep-work.json"
 
@@ -213,7 +213,7 @@ def test_make_corpus_force_replaces_only_its_own_corpus(run_cli, tmp_path):
 
 
 def test_demo_never_deletes_a_corpus_directory_it_did_not_write(tmp_path):
-    from data_prep.demo import run_demo
+    from data_prep.data_demo import run_demo
 
     out = tmp_path / "demo"
     (out / "corpus").mkdir(parents=True)

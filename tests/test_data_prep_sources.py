@@ -107,7 +107,7 @@ def test_overlong_plain_text_records_are_skipped(unit, data, docs, line, tmp_pat
 @settings(max_examples=150, deadline=None)
 @given(lines=lines_st, read_size=st.integers(1, 64), limit=st.integers(0, 30))
 def test_lines_longer_than_the_limit_become_markers(tmp_path_factory, lines, read_size, limit):
-    from data_prep.sources import TOO_LONG
+    from data_prep.bounded_lines import TOO_LONG
 
     data = b"".join(ln + b"\n" for ln in lines)
     path = tmp_path_factory.mktemp("lines") / "f.txt"

@@ -1,4 +1,4 @@
-"""The maps of the code stay true: docs/architecture.md's module map and trainer/__init__.py's module list.
+"""The maps of the code stay true: docs/architecture.md's module map and each package's ``__init__`` docstring.
 
 Both are read as text (no import of the product, no torch): a new module fails here until it is named.
 """
@@ -10,9 +10,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("data_prep", "leviathan_pretrain", "launchers")  # the top-level packages the module map covers
+PACKAGES = ("common", "data_prep", "leviathan_pretrain", "launchers")  # the top-level packages the module map covers
 ARCHITECTURE = REPO / "docs/architecture.md"
-TRAINER = REPO / "leviathan_pretrain/trainer"
 
 
 def modules_on_disk(*packages: str) -> set[str]:
@@ -79,14 +78,28 @@ def test_module_map_names_only_modules_that_exist():
     assert not stale, "docs/architecture.md's 'Module map' names modules that do not exist:\n  " + "\n  ".join(stale)
 
 
-def test_trainer_package_docstring_lists_every_trainer_module():
-    doc = ast.get_docstring(ast.parse((TRAINER / "__init__.py").read_text())) or ""
-    listed = set(re.findall(r":mod:`\.(\w+)`", doc))
-    present = {p.stem for p in TRAINER.glob("*.py") if p.name != "__init__.py"}
-    missing = sorted(present - listed)
-    assert not missing, (
-        "leviathan_pretrain/trainer/__init__.py's docstring does not list these trainer modules; add a "
-        "':mod:`.name`  what it owns' line for each: " + ", ".join(missing)
+def packages_with_maps() -> list[Path]:
+    """The packages whose ``__init__`` docstring maps their modules: every package below a top-level one, and
+    ``common`` (data_prep's and the launchers' maps are docs/architecture.md's table)."""
+    found = [REPO / "common"]
+    for top in ("leviathan_pretrain", "data_prep", "launchers"):
+        found += sorted(p.parent for p in (REPO / top).rglob("*/__init__.py") if "__pycache__" not in p.parts)
+    return found
+
+
+def test_every_package_docstring_lists_its_modules():
+    problems = []
+    for package in packages_with_maps():
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        listed = set(re.findall(r":mod:`\.(\w+)`", doc))
+        present = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+        present |= {p.parent.name for p in package.glob("*/__init__.py")}  # its subpackages
+        name = package.relative_to(REPO).as_posix()
+        if present - listed:
+            problems.append(f"{name}/__init__.py does not list {sorted(present - listed)}")
+        if listed - present:
+            problems.append(f"{name}/__init__.py lists modules that do not exist: {sorted(listed - present)}")
+    assert not problems, (
+        "a package's docstring is its map (':mod:`.name`  what it owns', one line a module):\n  "
+        + "\n  ".join(problems)
     )
-    stale = sorted(listed - present)
-    assert not stale, f"leviathan_pretrain/trainer/__init__.py's docstring lists modules that do not exist: {stale}"

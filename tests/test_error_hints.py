@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 import sentencepiece as spm
 
-from data_prep.cli import UserError
+from common.cli import UserError
 from data_prep.outputs import plain_text_hint
 from data_prep.tokenizer import open_tokenizer
 from leviathan_pretrain.config import Config
-from leviathan_pretrain.configlib import ConfigError
+from leviathan_pretrain.config.loader import ConfigError
+from leviathan_pretrain.data.datasets import ShardError, check_data, check_suffixes
+from leviathan_pretrain.data.tokenizer import config_spelling, open_data_tokenizer
 from leviathan_pretrain.evaluation.load import EvalError, checkpoint_location
-from leviathan_pretrain.tokenizer import config_spelling, open_data_tokenizer
-from leviathan_pretrain.trainer.data import ShardError, check_data, check_suffixes
 
 
 def _touch_shard(prefix: Path) -> None:

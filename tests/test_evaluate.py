@@ -83,8 +83,8 @@ def plain_losses(model, stream: np.ndarray, vocab: int, context: int, stride: in
 def test_merged_model_reproduces_the_trainers_validation_loss(name, trained_run, world):
     """The checkpoint's layout (TP=2 shards, pipeline layer files, ZeRO-3 partitions) merged into one model gives
     the validation loss the trainer logged at that step, on the trainer's own validation batches."""
-    from leviathan_pretrain.model.assembly import masked_mean
-    from leviathan_pretrain.trainer import data as D
+    from leviathan_pretrain.data import datasets as D
+    from leviathan_pretrain.model.head import masked_mean
 
     run = trained_run(name)
     tr = load_trained(run, lookup=False)

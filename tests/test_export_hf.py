@@ -104,9 +104,9 @@ def test_logits_match(exported, val_texts, name):
 
 @pytest.mark.parametrize("name", ["lev-tp2", "tied-tp2"])
 def test_greedy_generate_matches(exported, val_texts, name):
-    from leviathan_pretrain.evaluation.hf_convert import greedy_decode
     from leviathan_pretrain.evaluation.load import eval_world
     from leviathan_pretrain.evaluation.scoring import logits_for
+    from leviathan_pretrain.hf.convert import greedy_decode
 
     run, out = exported(name)
     hf = _hf_model(out)
@@ -155,7 +155,7 @@ def test_tokenizer_matches_sentencepiece(exported, val_texts):
 def test_config_and_marker(exported):
     from safetensors import safe_open
 
-    from data_prep.fileio import sha256_file
+    from common.fileio import sha256_file
 
     for name, tied in [("lev-tp2", False), ("tied-tp2", True), ("untied-pp2", False)]:
         run, out = exported(name)

@@ -10,7 +10,7 @@ import torch
 
 from leviathan_pretrain.config import VARIANTS
 from leviathan_pretrain.model import geometry as G
-from leviathan_pretrain.parallel import seed_everything
+from leviathan_pretrain.parallel.groups import seed_everything
 from tests.multiproc import one_rank_world
 from tests.test_model import make, small
 

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.model import BuildSettings
 from leviathan_pretrain.model.attention import CPUSafeRotaryEmbedding, SDPACoreAttention
 from leviathan_pretrain.model.gpt import (
     BlockPiece,
@@ -28,6 +27,7 @@ from leviathan_pretrain.model.gpt import (
     build_layer_spec,
     build_transformer_config,
 )
+from leviathan_pretrain.model.settings import BuildSettings
 from tests import benchmark_scripts
 from tests.multiproc import RANK_VARS, REPO, base_env, no_cuda_touch, one_rank_world
 
@@ -130,9 +130,9 @@ from megatron.core.transformer import transformer_block
 assert transformer_block.HAVE_APEX and transformer_block.LayerNormImpl is FusedLayerNorm  # the cluster case
 from megatron.core import parallel_state as ps
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.model import BuildSettings
+from leviathan_pretrain.model.settings import BuildSettings
 from leviathan_pretrain.model.assembly import build_model
-from leviathan_pretrain.parallel import destroy_distributed, init_distributed
+from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed
 
 for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
     os.environ.pop(k, None)

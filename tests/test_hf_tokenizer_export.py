@@ -1,4 +1,4 @@
-"""The Hugging Face tokenizer export_hf writes, per tokenizer kind (``evaluation/hf_tokenizer.py``): loaded back
+"""The Hugging Face tokenizer export_hf writes, per tokenizer kind (``hf/tokenizer.py``): loaded back
 with ``AutoTokenizer`` (no custom code, offline), it gives exactly the ids the shards were written with (the
 library's own encoding, called directly) on every validation text and on edge cases, names the EOD as eos, puts
 the special tokens at their own ids, adds no BOS / EOS, and decodes as ours does.
@@ -75,7 +75,7 @@ def _with_bos_post_processor(src, tmp_path):
 def test_autotokenizer_gives_our_ids(case, request, val_texts, tmp_path):
     from transformers import AutoTokenizer
 
-    from leviathan_pretrain.evaluation.hf_tokenizer import write_tokenizer
+    from leviathan_pretrain.hf.tokenizer import write_tokenizer
 
     fixture, pattern = CASES[case]
     path = asset("cl100k_base.tiktoken") if fixture == "cl100k" else request.getfixturevalue(fixture)
@@ -120,7 +120,7 @@ def test_autotokenizer_gives_our_ids(case, request, val_texts, tmp_path):
 
 
 def test_possessive_bounded_repeats_are_converted_or_refused():
-    from leviathan_pretrain.evaluation.hf_tokenizer import ExportError, onig_pattern
+    from leviathan_pretrain.hf.tokenizer import ExportError, onig_pattern
 
     assert onig_pattern(r"\p{N}{1,3}+| ?\p{L}++|\s+") == r"\p{N}{1,3}| ?\p{L}++|\s+"
     assert onig_pattern(r"a|\p{N}{2}+") == r"a|\p{N}{2}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = ("data_prep", "leviathan_pretrain", "launchers")  # bottom up
+LAYERS = ("common", "data_prep", "leviathan_pretrain", "launchers")  # bottom up
 
 
 def module_files(root: Path = REPO, packages=LAYERS) -> dict[str, Path]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launchers import records, status
-from leviathan_pretrain.trainer import ckpt_names as ckpt  # what trainer/checkpoint.py re-exports
+from leviathan_pretrain.trainer.checkpoint import names as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSSES = {step: 4.0 - 0.05 * step + 1e-3 / 3 for step in range(1, 26)}  # not exact in float32

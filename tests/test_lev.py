@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.model import BuildSettings
 from leviathan_pretrain.model.gpt import build_transformer_config
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.model.lev import LEVInput, lev_health
+from leviathan_pretrain.model.settings import BuildSettings
 from leviathan_pretrain.model.spline import dense_basis, spline_product
 from tests.lev_reference import lev_reference_from_layer, quadratic_bspline_basis
 

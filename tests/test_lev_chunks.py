@@ -17,8 +17,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.model import BuildSettings, inputs, sizes
+from leviathan_pretrain.model import inputs, sizes
 from leviathan_pretrain.model.inputs import TokenIdError, check_token_ids
+from leviathan_pretrain.model.settings import BuildSettings
 from tests.multiproc import no_cuda_touch, one_rank_world
 from tests.test_lev import lev_input
 from tests.test_model import batch, make, small
@@ -173,10 +174,10 @@ def test_training_micro_batch_syncs_the_host_only_for_unique(world, monkeypatch,
     """Forward + backward of a whole model as the trainer runs it (loss mask), with the input layers on their
     accelerator path (``reads_are_free`` False, as for a CUDA tensor): TIED/UNTIED never make the host wait,
     LEV once (``torch.unique``), and not at all with its unique ids made on the host beforehand (the trainer's
-    ``data.unique_ids: host``: trainer/transfer.py, padded to the default bucket of 256; a table ignores them).
+    ``data.unique_ids: host``: data/transfer.py, padded to the default bucket of 256; a table ignores them).
     The old range check read ``int(lo), int(hi)`` back: 2 more, in every variant."""
+    from leviathan_pretrain.data.transfer import unique_ids
     from leviathan_pretrain.model.inputs import UniqueIds
-    from leviathan_pretrain.trainer.transfer import unique_ids
 
     monkeypatch.setattr(inputs, "reads_are_free", lambda t: False, raising=False)
     model = make(small(variant))
@@ -218,7 +219,7 @@ class Samples:
 
 
 def test_trainer_batches_check_ids_on_the_host():
-    from leviathan_pretrain.trainer.data import Batches
+    from leviathan_pretrain.data.datasets import Batches
 
     assert len(Batches(Samples(8), 2, 1, 0, 8, vocab_size=50).global_batch(0)) == 4
     with pytest.raises(TokenIdError, match="token id 70 is outside"):

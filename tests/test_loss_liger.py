@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, loss_liger, sizes
 from leviathan_pretrain.model import loss as fused
+from leviathan_pretrain.model import loss_liger, sizes
 from leviathan_pretrain.model.assembly import build_model
 from leviathan_pretrain.model.head import HeadInput, HeadOptions, mean_loss
+from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
 from tests.multiproc import no_cuda_touch, one_rank_world
 from tests.small_model import small_model_overrides
 from tests.test_fused_loss import _problem  # the same small problem as the fused loss's tests

@@ -8,14 +8,17 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import VARIANTS, load_config
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, counts, lev_layer
-from leviathan_pretrain.model.accounting import model_flops_per_token, weight_decay_groups
-from leviathan_pretrain.model.assembly import build_model, logits_of, masked_mean
+from leviathan_pretrain.model import counts
+from leviathan_pretrain.model.assembly import build_model
 from leviathan_pretrain.model.attention import SDPACoreAttention
+from leviathan_pretrain.model.flops import model_flops_per_token
 from leviathan_pretrain.model.gpt import build_transformer_config
+from leviathan_pretrain.model.head import logits_of, masked_mean
 from leviathan_pretrain.model.inputs import TokenIdError
-from leviathan_pretrain.model.lev import LEVInput, lev_health
-from leviathan_pretrain.parallel import seed_everything
+from leviathan_pretrain.model.lev import LEVInput, lev_health, lev_layer
+from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
+from leviathan_pretrain.parallel.groups import seed_everything
+from leviathan_pretrain.trainer.schedule import weight_decay_groups
 from tests.multiproc import one_rank_world
 from tests.small_model import small_model_overrides
 
@@ -123,7 +126,7 @@ def test_pp1_model_and_pipeline_are_one_assembly(world, variant, tmp_path):
     hold the same keys, piece by piece (TIED: the shared table with piece 0)."""
     import deepspeed
 
-    from leviathan_pretrain.trainer.pipe import build_pipeline
+    from leviathan_pretrain.trainer.pipeline_parallel import build_pipeline
 
     deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
     cfg = small(variant)
@@ -178,7 +181,7 @@ def test_a_variant_added_through_the_registry_alone(world):
     """A toy input layer (tests/toy_variant.py: one module) and its registry entry, nothing else: the config
     accepts it, the closed-form count equals the model's, the planner and the FLOPs use its entry, it trains."""
     from leviathan_pretrain.model import variants
-    from leviathan_pretrain.plan import make_plan
+    from leviathan_pretrain.plan.planner import make_plan
     from tests.toy_variant import TOY, WIDTH, ToyInput
 
     with pytest.raises(Exception, match="unknown variant 'toy'"):

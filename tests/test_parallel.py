@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from leviathan_pretrain.config import ConfigError, ParallelConfig
-from leviathan_pretrain.parallel import check_gpu_only_options, discover_rank_env
+from leviathan_pretrain.parallel.groups import check_gpu_only_options, discover_rank_env
 from tests.multiproc import REPO, base_env, run_ranks
 
 
@@ -87,7 +87,7 @@ def test_mpi_discovery_under_mpirun():
 
 
 def test_slurm_hostlist_expansion():
-    from leviathan_pretrain.parallel import expand_hostlist
+    from leviathan_pretrain.parallel.groups import expand_hostlist
 
     assert expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
     assert expand_hostlist("n1") == ["n1"]
@@ -101,7 +101,7 @@ def test_slurm_hostlist_expansion():
 def test_mpi_master_address_never_resolves_our_own_hostname():
     """One node: loopback. Several: the job's first SLURM node when rank 0 is there, else rank 0's processor
     name (resolved by the other nodes) - never gethostbyname(gethostname()), often 127.0.1.1 on clusters."""
-    from leviathan_pretrain.parallel import _mpi_rank0_address
+    from leviathan_pretrain.parallel.groups import _mpi_rank0_address
 
     assert _mpi_rank0_address({}, ["n1", "n1"]) == "127.0.0.1"
     assert _mpi_rank0_address({"SLURM_JOB_NODELIST": "n[1-2]"}, ["n1.cluster", "n2.cluster"]) == "n1"

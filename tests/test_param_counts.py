@@ -63,10 +63,10 @@ def test_trained_and_exported_counts_are_the_models(world, variant):
     trained parameters at TP = 2, the padded rows' share among them; the export's tensors the exported count."""
     from megatron.core import parallel_state as ps
 
-    from leviathan_pretrain.evaluation.hf_convert import llama_state_dict
     from leviathan_pretrain.evaluation.load import _eval_model_config
-    from leviathan_pretrain.model import BuildSettings
+    from leviathan_pretrain.hf.convert import llama_state_dict
     from leviathan_pretrain.model.assembly import build_model
+    from leviathan_pretrain.model.settings import BuildSettings
 
     cfg = load_config(None, [*small_model_overrides(variant, 1000, 32), "parallel.precision=fp32"])
     build = BuildSettings(tp_group=ps.get_tensor_model_parallel_group(), precision="fp32", device="cpu")
@@ -86,7 +86,7 @@ def test_evaluate_report_and_console_name_the_same_counts(tmp_path):
     and, per held-out set, the prefix, its documents and target tokens."""
     from leviathan_pretrain.evaluate import _header, _Scoring
     from leviathan_pretrain.evaluation.report import console_table
-    from leviathan_pretrain.trainer.ckpt_record import ParallelLayout
+    from leviathan_pretrain.trainer.checkpoint.record import ParallelLayout
 
     cfg = demo("lev")
     record = SimpleNamespace(layout=ParallelLayout(tp=2, pp=1, dp=1, zero_stage=0), consumed_samples=2400)

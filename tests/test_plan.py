@@ -1,4 +1,5 @@
-"""The training plan and per-rank memory estimate (leviathan_pretrain/plan.py): pure arithmetic, no processes."""
+"""The training plan and per-rank memory estimate (leviathan_pretrain/plan/planner.py): pure arithmetic, no
+processes."""
 
 from __future__ import annotations
 
@@ -6,16 +7,8 @@ import pytest
 
 from leviathan_pretrain.config import VARIANTS, load_config
 from leviathan_pretrain.model import counts, sizes
-from leviathan_pretrain.plan import (
-    BYTES,
-    COMPONENTS,
-    GIB,
-    format_plan,
-    make_plan,
-    partition_balanced,
-    plan_problems,
-    stage_layout,
-)
+from leviathan_pretrain.plan.planner import BYTES, COMPONENTS, GIB, format_plan, make_plan, plan_problems
+from leviathan_pretrain.plan.stages import partition_balanced, stage_layout
 
 BIG = "configs/1.2b-lev.yaml"
 TINY = "configs/tiny-cpu-lev.yaml"
@@ -242,7 +235,7 @@ def test_liger_loss_holds_one_chunk_of_model_dtype_logits(monkeypatch):
     """model.loss_impl=liger: the chunk from the same budget at 2 bytes a logit (no fp32 copy), the fp32 hidden
     gradient and the fp32 head-gradient sum; auto counts it for a GPU plan at TP = 1 when liger-kernel is
     installed, else the fused term (and always on a CPU plan or at TP > 1)."""
-    from leviathan_pretrain import plan as planner
+    from leviathan_pretrain.plan import planner
 
     def plan(*o, device="gpu", tp=1):
         cfg = cfg_of("configs/200m-tied.yaml", f"parallel.tensor_parallel={tp}", *o)
@@ -282,7 +275,7 @@ def test_pipeline_stages_follow_deepspeed_partitioning():
 
 def test_auto_attention_is_sdpa_on_gpu_without_the_s2_scores():
     """``attention_backend=auto`` is SDPA on a GPU too (model/gpt.py): the plan counts no s^2 term for it."""
-    from leviathan_pretrain.plan import attention_kind
+    from leviathan_pretrain.plan.activations import attention_kind
 
     m = cfg_of(BIG).model
     assert m.attention_backend == "auto"
@@ -315,7 +308,7 @@ def test_recompute_modes_keep_what_they_say():
     """model.recompute: selective drops the recomputed modules' tensors (megatron's softmax with core_attn on the
     megatron backend, the MLP's 5F with mlp), full keeps e T D per recomputed layer; each adds once the activations
     of the layer being recomputed. Fewer activations, never more parameters or state."""
-    from leviathan_pretrain.plan import layer_activation_bytes
+    from leviathan_pretrain.plan.activations import layer_activation_bytes
 
     def plan_of(*o):
         return make_plan(cfg_of("configs/1.2b-tied.yaml", "model.attention_backend=megatron", *o), 8, 8)
@@ -351,7 +344,7 @@ def test_sequence_parallelism_divides_the_norms_and_the_full_tensors_by_tp():
     """parallel.sequence_parallel: the norms' 2 (8 + e) D per layer, a fully recomputed layer's input, the final norm
     and the pipe buffers become the sequence shard (/ TP); the head keeps its all-gathered input e T D in full; the
     tensor-parallel e (A D + 5 F) / TP, the input layer, the weights and the states do not change."""
-    from leviathan_pretrain.plan import layer_activation_bytes, recompute_bytes, stage_activation_bytes
+    from leviathan_pretrain.plan.activations import layer_activation_bytes, recompute_bytes, stage_activation_bytes
 
     cfg = cfg_of("configs/7b-tied.yaml")  # TP 2, SP on, bf16, micro 2 x 2048 tokens
     m, tp, e = cfg.model, cfg.parallel.tensor_parallel, 2

@@ -1,5 +1,5 @@
 """The 7B configs' plan on 8 nodes x 8 H100-80GB through ``launchers.slurm submit --dry-run`` (in this process), and the
-layouts a refused geometry proposes (leviathan_pretrain/plan_layouts.py): each one, passed back, plans a fit."""
+layouts a refused geometry proposes (leviathan_pretrain/plan/layouts.py): each one, passed back, plans a fit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from launchers.slurm import main as slurm_main
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.plan import GIB, fitting_layouts, format_plan, make_plan
+from leviathan_pretrain.plan.planner import GIB, fitting_layouts, format_plan, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = ["--nodes", "8", "--gpus-per-node", "8"]  # --gpu-mem-gb 80 (H100-80GB) is the default

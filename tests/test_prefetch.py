@@ -1,4 +1,4 @@
-"""The next global batch built one ahead on a background thread (trainer/prefetch.py ``Prefetcher``, ``data.prefetch``):
+"""The next global batch built one ahead on a background thread (data/prefetch.py ``Prefetcher``, ``data.prefetch``):
 the batches of direct calls, position by position; a prefetched batch for another position discarded and the
 right one built; an error raised building a batch raised by the ``take`` of that batch, as it was; no thread left
 after ``close``; and through the trainer (2 gloo ranks) the losses and gradient norms of ``data.prefetch=false``,
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.data.datasets import Batches
+from leviathan_pretrain.data.prefetch import Prefetcher
+from leviathan_pretrain.data.transfer import Transfer
 from leviathan_pretrain.model.inputs import TokenIdError
-from leviathan_pretrain.trainer.data import Batches
-from leviathan_pretrain.trainer.prefetch import Prefetcher
-from leviathan_pretrain.trainer.transfer import Transfer
 
 G = 8  # global batch
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.model import BuildSettings
 from leviathan_pretrain.model.assembly import build_model
 from leviathan_pretrain.model.gpt import BlockPiece
-from leviathan_pretrain.parallel import seed_everything
+from leviathan_pretrain.model.settings import BuildSettings
+from leviathan_pretrain.parallel.groups import seed_everything
 from tests.multiproc import one_rank_world
 from tests.small_model import small_model_overrides
 

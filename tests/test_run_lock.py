@@ -1,5 +1,5 @@
-"""The run-directory lease (trainer/run_lock.py): one owner at a time, live holders refused, stale ones taken over,
-a holder whose file was replaced loses the lease; and the lock keys of the config (config_run.py)."""
+"""The run-directory lease (trainer/checkpoint/run_lock.py): one owner at a time, live holders refused, stale ones
+taken over, a holder whose file was replaced loses the lease; and the lock keys of the config (config/run.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from leviathan_pretrain.config import ConfigError, load_config
-from leviathan_pretrain.trainer import run_lock
-from leviathan_pretrain.trainer.run_lock import LOCK, Holder, LockLost, RunLock, RunLocked, RunLocks
+from leviathan_pretrain.trainer.checkpoint import run_lock
+from leviathan_pretrain.trainer.checkpoint.run_lock import LOCK, Holder, LockLost, RunLock, RunLocked, RunLocks
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu-lev.yaml"
 HB, TIMEOUT = 0.2, 0.6  # tiny lease timings: every test takes about a second at most

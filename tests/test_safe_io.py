@@ -1,5 +1,5 @@
 """Checkpoint files that cannot be read or written are said in one line: the file, the cause, what to do
-(leviathan_pretrain/trainer/ckpt_errors.py through safe_io.safe_load / safe_save; the end-to-end full disk:
+(leviathan_pretrain/trainer/checkpoint/errors.py through safe_io.safe_load / safe_save; the end-to-end full disk:
 tests/test_ckpt_errors.py)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from leviathan_pretrain.trainer import faults
-from leviathan_pretrain.trainer.ckpt_errors import CheckpointSaveError, writing
-from leviathan_pretrain.trainer.ckpt_names import CheckpointError
-from leviathan_pretrain.trainer.safe_io import SafeCheckpointEngine, safe_load, safe_save
+from leviathan_pretrain.trainer.checkpoint.errors import CheckpointSaveError, writing
+from leviathan_pretrain.trainer.checkpoint.names import CheckpointError
+from leviathan_pretrain.trainer.checkpoint.safe_io import SafeCheckpointEngine, safe_load, safe_save
 
 DOCS = "see docs/training.md 'What protects a run's checkpoints'"
 
@@ -185,7 +185,7 @@ def test_a_save_error_ends_its_rank_with_one_traceback_and_the_whole_line(monkey
 def test_a_save_whose_folder_was_taken_over_writes_nothing(tmp_path):
     """A trainer that stalled mid-save and lost its run directory (the run lock) to another, which re-created the
     same checkpoint folder: each file it then writes is refused (its in-progress mark is not the one it wrote)."""
-    from leviathan_pretrain.trainer.safe_io import SafeCheckpointEngine
+    from leviathan_pretrain.trainer.checkpoint.safe_io import SafeCheckpointEngine
 
     eng = SafeCheckpointEngine()
     mark = tmp_path / "leviathan.saving"

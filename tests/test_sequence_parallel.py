@@ -17,7 +17,7 @@ import math
 import pytest
 
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.configlib import ConfigError
+from leviathan_pretrain.config.loader import ConfigError
 from leviathan_pretrain.trainer.engine import deepspeed_config
 from tests.multiproc import run_ranks
 from tests.workers.train_common import dp_tp_runs, events, four_process_runs, records, sp_resume_runs, workdir

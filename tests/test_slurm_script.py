@@ -323,7 +323,7 @@ def test_a_ranks_own_code_stands_when_srun_reports_a_peers_kill(tmp_path, rc, fi
 
 
 def test_the_trainer_records_only_the_codes_the_job_script_reads(tmp_path, monkeypatch):
-    from data_prep.exit_codes import record_step_code
+    from common.exit_codes import record_step_code
 
     monkeypatch.delenv("LEV_STEP_CODES", raising=False)
     record_step_code(76)  # outside a SLURM job: nothing, nowhere

@@ -11,11 +11,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from leviathan_pretrain.config import ConfigError, load_config  # noqa: E402
-from leviathan_pretrain.model import BuildSettings, lev  # noqa: E402
+from leviathan_pretrain.model import lev  # noqa: E402
 from leviathan_pretrain.model import spline_triton as kt  # noqa: E402
 from leviathan_pretrain.model.gpt import build_transformer_config  # noqa: E402
 from leviathan_pretrain.model.lev import LEVInput  # noqa: E402
-from leviathan_pretrain.model.settings import ModelConfigError  # noqa: E402
+from leviathan_pretrain.model.settings import (
+    BuildSettings,
+    ModelConfigError,  # noqa: E402
+)
 from leviathan_pretrain.model.spline import SplineProduct, _spline_product_autograd  # noqa: E402
 from tests.multiproc import no_cuda_touch  # noqa: E402
 from tests.test_lev import make_layer  # noqa: E402
@@ -232,12 +235,12 @@ def test_auto_falls_back_to_torch_once_with_a_warning_and_explicit_triton_raises
 
 def test_the_new_keys_do_not_block_a_resume(tmp_path):
     """Speed/precision settings, not the weights: a checkpoint written before the keys existed, or with other
-    values, resumes (trainer/checkpoint.py: RESUME_FREE)."""
+    values, resumes (trainer/checkpoint/store.py: RESUME_FREE)."""
     from leviathan_pretrain.config import to_dict
-    from leviathan_pretrain.model import LAYOUT_VERSION
-    from leviathan_pretrain.parallel import ParallelDims
-    from leviathan_pretrain.trainer import checkpoint as ckpt
-    from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord
+    from leviathan_pretrain.model.assembly import LAYOUT_VERSION
+    from leviathan_pretrain.parallel.groups import ParallelDims
+    from leviathan_pretrain.trainer.checkpoint import store as ckpt
+    from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord
 
     cfg = load_config(None, ["model.lev.kernel=triton", "model.lev.gemm_dtype=model"])
     dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from leviathan_pretrain.rundir import host
-from leviathan_pretrain.trainer import checkpoint as ckpt
-from leviathan_pretrain.trainer.checkpoint import safe_load
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint.safe_io import safe_load
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
     CONFIG,
@@ -242,7 +242,7 @@ def test_stop_conditions():
     import torch.distributed as dist
 
     from leviathan_pretrain.config import load_config
-    from leviathan_pretrain.ports import free_port
+    from leviathan_pretrain.parallel.ports import free_port
     from leviathan_pretrain.trainer.faults import StopSignals, stop_requested
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

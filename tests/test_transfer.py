@@ -1,4 +1,4 @@
-"""A micro-batch on its way to the device (trainer/transfer.py, issue 44): one packed host buffer with 8-byte aligned
+"""A micro-batch on its way to the device (data/transfer.py, issue 44): one packed host buffer with 8-byte aligned
 tensors, pinned only for CUDA runs, views on the other side; the unique-id layers' unique ids made on the host
 (padded to a bucket) give the model's outputs and gradients of ``torch.unique`` in the forward, with the true
 count in the FLOPs ratio and LEV's health record; the keys that choose it, and those that restore the old path."""
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.data.transfer import ALIGN, KEYS, MicroBatch, Transfer, unique_ids, unique_ids_on_host
 from leviathan_pretrain.model.inputs import TokenIdError, UniqueIds
 from leviathan_pretrain.model.lev import lev_health
-from leviathan_pretrain.parallel import seed_everything
-from leviathan_pretrain.trainer.transfer import ALIGN, KEYS, MicroBatch, Transfer, unique_ids, unique_ids_on_host
+from leviathan_pretrain.parallel.groups import seed_everything
 from tests.multiproc import one_rank_world
 from tests.test_model import batch, make, small
 
@@ -96,7 +96,7 @@ def test_bad_unique_id_settings_are_refused_naming_the_key():
 
 def test_trainer_batches_check_ids_before_preparing():
     """The data loader checks the ids on the host (the readable ``TokenIdError``) before it packs them."""
-    from leviathan_pretrain.trainer.data import Batches
+    from leviathan_pretrain.data.datasets import Batches
     from tests.test_lev_chunks import Samples
 
     prep = Transfer(unique_bucket=4).prepare

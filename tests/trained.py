@@ -56,7 +56,7 @@ RUNS = {
 
 
 # the code that decides what a trained run's files hold (evaluation/export code changing must not retrain)
-TRAINER_CODE = ("model", "trainer", "config.py", "configlib.py", "parallel.py", "train.py")
+TRAINER_CODE = ("model", "trainer", "config/schema.py", "config/loader.py", "parallel/groups.py", "train.py")
 
 
 def _code_key(*extra: str) -> str:

@@ -1,10 +1,10 @@
-"""Every tokenizer kind data_prep and the trainer read, behind one interface (``base.Tokenizer``), detected from
-the file:
+"""Every tokenizer kind data_prep and the trainer read, behind one interface, detected from the file:
 
-* a SentencePiece ``.model`` (``sp.py``);
-* a Hugging Face ``tokenizer.json``, or a directory holding one (``hf.py``, the ``tokenizers`` library);
-* a tiktoken encoding: a ``.tiktoken`` ranks file plus its split pattern, or ``tiktoken:NAME`` from tiktoken's
-  local cache (``tiktoken_file.py``).
+- :mod:`.base`           the interface (``Tokenizer``) every kind implements
+- :mod:`.sp`             a SentencePiece ``.model``
+- :mod:`.hf`             a Hugging Face ``tokenizer.json``, or a directory holding one (the ``tokenizers`` library)
+- :mod:`.tiktoken_file`  a tiktoken encoding: a ``.tiktoken`` ranks file plus its split pattern, or ``tiktoken:NAME``
+                         from tiktoken's local cache
 
 ``open_tokenizer(spec, pattern=None, eod_token=None)`` is the one entry point. Nothing here downloads."""
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from data_prep.cli import UserError
+from common.cli import UserError
 from data_prep.tokenizer.base import Tokenizer, combined_fingerprint
 
 KINDS = ("sentencepiece", "huggingface", "tiktoken")

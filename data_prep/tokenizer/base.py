@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from data_prep.cli import UserError
+from common.cli import UserError
 
 
 class Tokenizer:

@@ -17,8 +17,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 import tokenizers  # noqa: E402
 
-from data_prep.cli import UserError  # noqa: E402
-from data_prep.fileio import sha256_file  # noqa: E402
+from common.cli import UserError  # noqa: E402
+from common.fileio import sha256_file  # noqa: E402
 from data_prep.tokenizer.base import Tokenizer  # noqa: E402
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")

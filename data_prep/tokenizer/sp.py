@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import sentencepiece as spm
 
-from data_prep.cli import UserError
-from data_prep.fileio import sha256_file
+from common.cli import UserError
+from common.fileio import sha256_file
 from data_prep.tokenizer.base import Tokenizer
 
 

@@ -24,8 +24,8 @@ import numpy as np
 import tiktoken
 from tiktoken_ext import openai_public
 
-from data_prep.cli import UserError
-from data_prep.fileio import sha256_file
+from common.cli import UserError
+from common.fileio import sha256_file
 from data_prep.tokenizer.base import Tokenizer, combined_fingerprint
 
 ENCODINGS = ("r50k_base", "p50k_base", "cl100k_base", "o200k_base")

@@ -48,7 +48,7 @@ def heldout_sets(cfg, data: list[str] | None) -> list[HeldoutSet]:
     else:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-        from leviathan_pretrain.trainer.data import split_bounds
+        from leviathan_pretrain.data.datasets import split_bounds
 
         sets = []
         for p in cfg.data.prefixes:

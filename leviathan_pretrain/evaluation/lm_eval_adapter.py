@@ -37,15 +37,15 @@ from lm_eval.models.utils import normalize_gen_kwargs, postprocess_generated_tex
 from lm_eval.utils import simple_parse_args_string
 from tqdm import tqdm
 
-from data_prep.dtypes import ALIASES as _DT_ALIASES
-from data_prep.dtypes import DTYPES as _DT
-from data_prep.dtypes import torch_dtype
+from common.dtypes import ALIASES as _DT_ALIASES
+from common.dtypes import DTYPES as _DT
+from common.dtypes import torch_dtype
 from leviathan_pretrain.evaluation.load import EvalError, eval_world, load_trained
 from leviathan_pretrain.evaluation.scoring import logits_for, score_streams
 
 log = logging.getLogger(__name__)
 
-# lm-eval's names (``auto``: what it passes by default, fp32 here) and ours (data_prep/dtypes.py)
+# lm-eval's names (``auto``: what it passes by default, fp32 here) and ours (common/dtypes.py)
 DTYPES = {"auto": torch.float32} | {n: torch_dtype(n) for n in (*_DT, *_DT_ALIASES)}
 DEFAULT_BATCH = 8
 

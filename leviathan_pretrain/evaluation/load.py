@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from leviathan_pretrain.config import Config, ConfigError
-from leviathan_pretrain.configlib import build, validate_tree
+from leviathan_pretrain.config.loader import build, validate_tree
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
-from leviathan_pretrain.trainer.ckpt_names import (
+from leviathan_pretrain.trainer.checkpoint.names import (
     META,
     TAG_PREFIX,
     CheckpointError,
@@ -47,7 +47,7 @@ from leviathan_pretrain.trainer.ckpt_names import (
     read_latest,
     tag_for,
 )
-from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
+from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord, ParallelLayout
 
 if TYPE_CHECKING:
     from data_prep.tokenizer import Tokenizer
@@ -152,8 +152,8 @@ def check_tokenizer(
     """The tokenizer to use: ``tokenizer`` or the run's ``data.tokenizer`` (with its ``data.tiktoken_pattern``), any
     kind; its fingerprint must equal the one recorded at training. None when neither is there (then only shard
     evaluation is possible)."""
-    from data_prep.cli import UserError
-    from leviathan_pretrain.tokenizer import config_spelling, open_cached
+    from common.cli import UserError
+    from leviathan_pretrain.data.tokenizer import config_spelling, open_cached
 
     spec = str(tokenizer) if tokenizer else cfg.data.tokenizer
     if not spec:
@@ -194,7 +194,7 @@ def _piece_of(key: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _weights_only():
-    from leviathan_pretrain.trainer.reshard import weights_only_torch_load
+    from leviathan_pretrain.trainer.checkpoint.reshard import weights_only_torch_load
 
     with weights_only_torch_load():
         yield
@@ -224,7 +224,7 @@ def _zero3_state(tag_dir: Path, tp_rank: int) -> dict:
 
 def shard_states(tag_dir: Path, layout: ParallelLayout) -> list[dict]:
     """Per TP rank, the state dict of the whole model (keys as the PP = 1 model names them)."""
-    from leviathan_pretrain.trainer.safe_io import safe_load
+    from leviathan_pretrain.trainer.checkpoint.safe_io import safe_load
 
     tp, pp, zero = layout.tp, layout.pp, layout.zero_stage or 0
     states = []
@@ -294,19 +294,19 @@ def eval_world(device: str = "cpu"):
     unless the process was launched with rank variables (then every rank joins; data-parallel evaluation)."""
     from megatron.core import parallel_state as ps
 
-    from leviathan_pretrain import parallel
     from leviathan_pretrain.config import ParallelConfig
     from leviathan_pretrain.model.settings import resolve_device
+    from leviathan_pretrain.parallel import groups
 
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if launched:
-        env = parallel.init_distributed(ParallelConfig(device=device))
+        env = groups.init_distributed(ParallelConfig(device=device))
         try:
             yield env.device
         finally:
-            parallel.destroy_distributed()
+            groups.destroy_distributed()
         return
-    with parallel.one_process_group():
+    with groups.one_process_group():
         made = not ps.model_parallel_is_initialized()
         if made:
             ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
@@ -332,8 +332,8 @@ def load_trained(
     function)."""
     from megatron.core import parallel_state as ps
 
-    from leviathan_pretrain.model import BuildSettings
     from leviathan_pretrain.model.assembly import build_model
+    from leviathan_pretrain.model.settings import BuildSettings
 
     ckpt_dir = checkpoint_location(run_dir, checkpoint_dir)
     tag = select_tag(ckpt_dir, step)
@@ -342,7 +342,7 @@ def load_trained(
         record = CheckpointRecord.read(where)
     except CheckpointError as e:
         raise EvalError(str(e)) from None
-    from leviathan_pretrain.model import LAYOUT_VERSION
+    from leviathan_pretrain.model.assembly import LAYOUT_VERSION
 
     if record.model_layout != LAYOUT_VERSION:
         raise EvalError(f"{where}: model layout {record.model_layout} (this version reads layout {LAYOUT_VERSION})")

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep.fileio import write_bytes_atomic
+from common.fileio import write_bytes_atomic
 
 SCHEMA = 1
 

@@ -19,7 +19,7 @@ The same list is used two ways:
   is exactly ``PipelineModule.state_dict()`` of the same pieces on one stage: ``"<index>.<piece key>"``, and
   for TIED the shared input piece under ``"tied_modules.embed.<piece key>"``. A pipeline checkpoint's file
   ``layer_<index>-model_states.pt`` holds ``<piece key>`` of piece ``<index>``.
-- trainer/pipe.py: ``LayerSpec`` per piece (``TiedLayerSpec("embed", ...)`` for TIED's input and head).
+- trainer/pipeline_parallel.py: ``LayerSpec`` per piece (``TiedLayerSpec("embed", ...)`` for TIED's input and head).
 
 Both seed each piece from ``seed + index`` when built (:func:`seed_piece`, what ``PipelineModule``'s
 ``seed_layers`` does), so the initial weights depend neither on the stage split nor on PP = 1 vs pipeline.
@@ -44,7 +44,7 @@ from leviathan_pretrain.model.gpt import (
     build_transformer_config,
     tied_head,
 )
-from leviathan_pretrain.model.head import HeadInput, LossRequest, head_entry, logits_of, masked_mean  # noqa: F401
+from leviathan_pretrain.model.head import HeadInput, LossRequest, head_entry, logits_of
 from leviathan_pretrain.model.recompute import mark_blocks
 from leviathan_pretrain.model.settings import BuildSettings
 

@@ -122,7 +122,7 @@ def build_transformer_config(model, build: BuildSettings) -> TransformerConfig:
         params_dtype=build.params_dtype,
         bf16=build.precision == "bf16",
         fp16=build.precision == "fp16",
-        # Pipelining is DeepSpeed's (trainer/pipe.py), never megatron-core's schedules: each stage's layers
+        # Pipelining is DeepSpeed's (trainer/pipeline_parallel.py), never megatron-core's schedules: each stage's layers
         # are described as one stage-free model (megatron's pipeline settings would demand pipeline_dtype).
         tensor_model_parallel_size=build.tensor_parallel,
         pipeline_model_parallel_size=1,

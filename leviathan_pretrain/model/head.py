@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from megatron.core import tensor_parallel
 
-from data_prep.dtypes import nbytes
+from common.dtypes import nbytes
 from leviathan_pretrain.model import loss as fused
 from leviathan_pretrain.model import loss_liger, sizes
 from leviathan_pretrain.model.sp import gather_seq

@@ -16,7 +16,7 @@ zero row a vocab-parallel table would give); on an accelerator the layers check 
 synchronisation (:func:`check_token_ids`). Host synchronisations per micro-batch: none for the tables, one for
 the unique-id layers (``torch.unique``'s output size; docs/model.md, "LEV on a GPU"), none when the caller
 passes the unique ids made on the host (:class:`UniqueIds`, ``forward(..., unique=...)``; the trainer's data
-path does, ``data.unique_ids``, trainer/transfer.py).
+path does, ``data.unique_ids``, data/transfer.py).
 """
 
 from __future__ import annotations

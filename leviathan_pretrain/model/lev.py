@@ -260,7 +260,7 @@ def lev_health(layer, gather: bool = False) -> dict:
     """LEV health statistics from the layer's last training forward (``{}`` before the first one).
 
     Keys: ``lev/unique_ids`` (unique ids in the last micro-batch), ``lev/unique_ratio`` (unique ids / tokens,
-    for :func:`~leviathan_pretrain.model.accounting.model_flops_per_token`), ``lev/u_edge_frac`` (fraction of spline
+    for :func:`~leviathan_pretrain.model.flops.model_flops_per_token`), ``lev/u_edge_frac`` (fraction of spline
     coordinates u within 0.01 of 0 or 1, all local heads), ``lev/head{l}/out_norm`` (RMS over up to 256 of
     those ids of ``||M_l @ W_out_l||``, head l's contribution to G) and ``lev/head{l}/u_edge_frac``; ``l`` is
     the global head index. Without ``gather`` only this TP rank's heads are reported; ``gather=True``

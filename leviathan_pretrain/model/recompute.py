@@ -14,7 +14,7 @@ Non-reentrant: the recompute runs inside the same backward pass, so DeepSpeed's 
 - ``full`` (:func:`mark_blocks`): a transformer layer keeps only its input; the first ``model.recompute_layers``
   layers of each pipeline stage (megatron-core's ``block`` method; null: every layer, its ``uniform`` method with
   one layer per checkpoint). Set on the stage's :class:`~.gpt.BlockPiece` s after they are built, so the PP = 1
-  model and each stage of DeepSpeed's pipeline (trainer/pipe.py) are marked alike.
+  model and each stage of DeepSpeed's pipeline (trainer/pipeline_parallel.py) are marked alike.
 
 Only in training with gradients on: evaluation (``no_grad``, ``eval()``) runs the plain forward.
 """

@@ -7,7 +7,7 @@ tp_group=...)``) and handed down; nothing in the model reads megatron-core's glo
 whole ``Config``.
 
 :class:`ModelConfigError` (a ``ValueError``) is what the builders raise for a model/settings combination they
-cannot build; config *loading* keeps its own validation and ``ConfigError`` (config.py).
+cannot build; config *loading* keeps its own validation and ``ConfigError`` (config/schema.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from data_prep.dtypes import DTYPES as _DTYPES
-from data_prep.dtypes import torch_dtype
+from common.dtypes import DTYPES as _DTYPES
+from common.dtypes import torch_dtype
 
 DTYPES = tuple(_DTYPES)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.entry_points import resolve
 from leviathan_pretrain.model import sizes
 
 
@@ -76,10 +77,7 @@ def names() -> tuple[str, ...]:
 
 def layer_class(variant: Variant):
     """The layer class named by ``variant.layer`` (imported here: this module stays torch-free until then)."""
-    import importlib
-
-    module, _, cls = variant.layer.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return resolve(variant.layer)
 
 
 def _codebooks(m) -> int:
@@ -113,7 +111,7 @@ LEV = register(
             m.lev.heads * m.lev.rank * max(m.lev.seed_dim * m.lev.knots, m.hidden_size) // tp
         ),
         activation_bytes=lambda m, n, tp, e: 4.0 * n * m.lev.heads / tp * (4 * m.lev.seed_dim + m.lev.rank),
-        # 2*h*d^2 (W_l) + 7*h*d*r (the spline product) + 2*h*r*D (W_out); model/accounting.py's doc
+        # 2*h*d^2 (W_l) + 7*h*d*r (the spline product) + 2*h*r*D (W_out); model/flops.py's doc
         forward_flops_per_id=lambda m: (
             2 * m.lev.heads * m.lev.seed_dim * m.lev.seed_dim
             + 7 * m.lev.heads * m.lev.seed_dim * m.lev.rank

@@ -7,10 +7,11 @@ Both build the model from its one assembly (``leviathan_pretrain.model.model_pie
 - PP = 1: the pieces run in order (``leviathan_pretrain.model.build_model``) under
   ``deepspeed.initialize(mpu=DeepSpeedMPU())``, ZeRO stage 0-3; gradient accumulation is DeepSpeed's (the
   loop calls ``backward``/``step`` once per micro-batch, DeepSpeed updates at the boundary). Micro-batches
-  reach the device through :mod:`.transfer` (one packed copy, unique ids made on the host):
+  reach the device through data/transfer.py (one packed copy, unique ids made on the host):
   :meth:`ModelEngine.prepare` is what the data loader calls ahead; plain dicts are prepared on the fly.
-- PP > 1 (or ``parallel.pipeline_engine``): the same pieces as a DeepSpeed ``PipelineModule`` (:mod:`.pipe`)
-  and its ``PipelineEngine`` (``train_batch`` runs the whole 1F1B schedule for one global batch), ZeRO <= 1.
+- PP > 1 (or ``parallel.pipeline_engine``): the same pieces as a DeepSpeed ``PipelineModule``
+  (:mod:`.pipeline_parallel`) and its ``PipelineEngine`` (``train_batch`` runs the whole 1F1B schedule for one
+  global batch), ZeRO <= 1.
 
 Both report the global-batch loss (mean over micro-batches and data-parallel ranks, equal on every rank),
 the global gradient norm, and whether the update was applied (False = skipped as non-finite).
@@ -24,14 +25,15 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from leviathan_pretrain.config import Config, ConfigError
-from leviathan_pretrain.config_parallel import accumulation_steps
-from leviathan_pretrain.model import BuildSettings, ModelConfigError, build_model
-from leviathan_pretrain.parallel import DeepSpeedMPU
+from leviathan_pretrain.config.parallel import accumulation_steps
+from leviathan_pretrain.data.transfer import MicroBatch, Transfer
+from leviathan_pretrain.model.assembly import build_model
+from leviathan_pretrain.model.settings import BuildSettings, ModelConfigError
+from leviathan_pretrain.parallel.groups import DeepSpeedMPU
+from leviathan_pretrain.trainer.checkpoint.safe_io import install_safe_engine
 from leviathan_pretrain.trainer.faults import AdamWSkipNonFinite
-from leviathan_pretrain.trainer.pipe import build_pipeline
-from leviathan_pretrain.trainer.safe_io import install_safe_engine
+from leviathan_pretrain.trainer.pipeline_parallel import build_pipeline
 from leviathan_pretrain.trainer.schedule import lr_at, param_groups
-from leviathan_pretrain.trainer.transfer import MicroBatch, Transfer
 
 
 def zero_config(cfg: Config, cuda: bool) -> dict:
@@ -135,7 +137,7 @@ class TrainEngine:
 
 class ModelEngine(TrainEngine):
     """PP = 1: the model (``leviathan_pretrain.model.GPT``) under ``deepspeed.initialize``. Its micro-batches are
-    plain dicts of host tensors or micro-batches prepared ahead (:meth:`prepare`, :class:`~.transfer.MicroBatch`)."""
+    plain dicts of host tensors or micro-batches prepared ahead (:meth:`prepare`, data/transfer.py's ``MicroBatch``)."""
 
     needs_data = True
 
@@ -144,7 +146,7 @@ class ModelEngine(TrainEngine):
         self.transfer = Transfer.for_run(cfg, ds.device)
 
     def prepare(self, mb: dict) -> MicroBatch:
-        """A micro-batch as this run sends it (:mod:`.transfer`: packed, pinned on CUDA, the unique ids made on
+        """A micro-batch as this run sends it (data/transfer.py: packed, pinned on CUDA, the unique ids made on
         the host per ``data.*``); the data loader calls it ahead, a benchmark may too; a prepared one as it is."""
         return self.transfer.prepare(mb)
 
@@ -186,7 +188,7 @@ class ModelEngine(TrainEngine):
 
 
 class PipeEngine(TrainEngine):
-    """PP > 1: DeepSpeed's ``PipelineEngine`` over :func:`.pipe.build_pipeline`."""
+    """PP > 1: DeepSpeed's ``PipelineEngine`` over :func:`.pipeline_parallel.build_pipeline`."""
 
     def __init__(self, ds, cfg, dp_group, loss_fn):
         super().__init__(ds, cfg, dp_group)

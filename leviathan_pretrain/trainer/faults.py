@@ -1,6 +1,6 @@
 """Faults: non-finite steps, preemption signals, and the exit codes a launcher acts on.
 
-Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`data_prep.exit_codes`): ``0``
+Exit codes of ``python -m leviathan_pretrain.train`` (defined in :mod:`common.exit_codes`): ``0``
 finished ``train.steps`` (final checkpoint written); ``1`` any other error, raised on one rank, it ends every rank
 at once (:func:`abort_rank`); ``2`` bad config or data (one line naming the key or file; a token id outside the
 vocabulary); ``3`` diverged (``train.max_bad_steps``); ``75`` stopped early with a checkpoint (re-run to continue);
@@ -25,8 +25,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from data_prep.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG  # noqa: F401  (re-exported)
-from data_prep.exit_codes import EXIT_DIVERGED, EXIT_OK, EXIT_PEER_LOST, EXIT_REQUEUE, record_step_code  # noqa: F401
+from common.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG
+from common.exit_codes import EXIT_PEER_LOST, record_step_code
 from leviathan_pretrain.config import TrainConfig
 from leviathan_pretrain.model.inputs import TokenIdError
 from leviathan_pretrain.trainer import peers
@@ -118,8 +118,8 @@ def abort_rank(e: BaseException) -> None:
     (:mod:`.peers`); a timed-out collective exits 76 (``EXIT_PEER_LOST``: the SLURM launcher requeues), a closed
     connection 1 (the peer's own exit code tells why it left). A bad token id exits 2, Ctrl-C 130, anything else 1
     with its traceback, then one line (a checkpoint file not written: the file, the cause, what to do, whole)."""
-    from leviathan_pretrain.trainer.ckpt_errors import CheckpointSaveError
-    from leviathan_pretrain.trainer.run_lock import release_held
+    from leviathan_pretrain.trainer.checkpoint.errors import CheckpointSaveError
+    from leviathan_pretrain.trainer.checkpoint.run_lock import release_held
 
     release_held()  # this process writes nothing more: the run directory is free for the next start
     rank = os.environ.get("RANK", "0")

@@ -17,10 +17,15 @@ import deepspeed
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from common.exit_codes import EXIT_OK, EXIT_REQUEUE
 from leviathan_pretrain.config import Config, ConfigError, to_dict
-from leviathan_pretrain.model import LAYOUT_VERSION, lev_health, lev_layer, model_flops_per_token
+from leviathan_pretrain.data.datasets import Batches, ShardError, build_datasets, data_summary
+from leviathan_pretrain.data.prefetch import Prefetcher
 from leviathan_pretrain.model import counts as param_counts
-from leviathan_pretrain.parallel import (
+from leviathan_pretrain.model.assembly import LAYOUT_VERSION
+from leviathan_pretrain.model.flops import model_flops_per_token
+from leviathan_pretrain.model.lev import lev_health, lev_layer
+from leviathan_pretrain.parallel.groups import (
     ParallelDims,
     init_distributed,
     parallel_dims,
@@ -29,18 +34,12 @@ from leviathan_pretrain.parallel import (
 )
 from leviathan_pretrain.rundir import host
 from leviathan_pretrain.rundir.layout import RunLayout
-from leviathan_pretrain.trainer import checkpoint as ckpt
-from leviathan_pretrain.trainer import ckpt_resume
-from leviathan_pretrain.trainer.ckpt_record import CheckpointRecord, ParallelLayout
-from leviathan_pretrain.trainer.data import Batches, ShardError, build_datasets, data_summary
+from leviathan_pretrain.trainer.checkpoint import resume as ckpt_resume
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord, ParallelLayout
+from leviathan_pretrain.trainer.checkpoint.run_lock import LockLost, RunLocks
 from leviathan_pretrain.trainer.engine import build_engine
-from leviathan_pretrain.trainer.faults import (
-    EXIT_OK,
-    EXIT_REQUEUE,
-    Diverged,
-    StopSignals,
-    stop_requested,
-)
+from leviathan_pretrain.trainer.faults import Diverged, StopSignals, stop_requested
 from leviathan_pretrain.trainer.geometry_log import geometry_stats, id_groups
 from leviathan_pretrain.trainer.guard import Guard, is_finite
 from leviathan_pretrain.trainer.metrics import (
@@ -53,8 +52,6 @@ from leviathan_pretrain.trainer.metrics import (
     validation_set,
 )
 from leviathan_pretrain.trainer.peers import record_peers
-from leviathan_pretrain.trainer.prefetch import Prefetcher
-from leviathan_pretrain.trainer.run_lock import LockLost, RunLocks
 from leviathan_pretrain.trainer.schedule import lr_at
 from leviathan_pretrain.trainer.state import TrainState
 
@@ -113,7 +110,7 @@ class Trainer:
     def __init__(self, cfg: Config, signals: StopSignals):
         self.cfg, self.signals = cfg, signals
         self.denv = init_distributed(cfg.parallel)
-        self.locks: RunLocks | None = None  # rank 0's lease on the run directory (trainer/run_lock.py)
+        self.locks: RunLocks | None = None  # rank 0's lease on the run directory (trainer/checkpoint/run_lock.py)
         # the run directory's one owner first: nothing is read or removed before (a live holder: every rank stops)
         collective_check(self._take_locks, cfg)
         try:
@@ -145,7 +142,7 @@ class Trainer:
         summary = collective_check(data_summary, cfg)
         # checked against the shards, recorded in checkpoints (the fingerprint is what must match)
         self.tok_fp, self.tok_sha = summary["tokenizer_fingerprint"], summary["tokenizer_sha256"]
-        # the checkpoint to resume from, its files checked (rank 0, under the lock: trainer/ckpt_resume.py)
+        # the checkpoint to resume from, its files checked (rank 0, under the lock: trainer/checkpoint/resume.py)
         resume = collective_check(self._choose, cfg)
         self.latest, self.record = resume.tag, resume.record  # the record: leviathan.json of the one resumed from
         self.resume_note = resume.note
@@ -167,7 +164,7 @@ class Trainer:
         seed_everything(t.seed, self.denv.device)
         self.eng = build_engine(cfg, self.denv.device)
         train_ds, valid_ds = build_datasets(cfg, summary["eod_id"], self.eng.needs_data)
-        # PP = 1: micro-batches prepared for the device as they are read (packed, unique ids; trainer/transfer.py)
+        # PP = 1: micro-batches prepared for the device as they are read (packed, unique ids; data/transfer.py)
         prep = getattr(self.eng, "prepare", None)
         batch_args = (t.micro_batch_size, dims.dp, dims.dp_rank, t.global_batch_size, cfg.model.vocab_size, prep)
         self.train_batches = Batches(train_ds, *batch_args) if self.eng.needs_data else None

@@ -4,7 +4,8 @@
   ``optim.min_lr`` at ``optim.decay_steps`` (default ``train.steps``), then flat at ``min_lr``. The LR is a pure
   function of the step, so a resumed run needs nothing but the step number.
 - :func:`param_groups`: weight decay on matrices only; never on norms and biases, and on LEV's digit
-  codebooks only when ``optim.decay_lev_codebooks`` is set (the model package's ``weight_decay_groups``).
+  codebooks only when ``optim.decay_lev_codebooks`` is set (:func:`weight_decay_groups`; the model flags its
+  parameters).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import torch
 
 from leviathan_pretrain.config import Config, OptimConfig
-from leviathan_pretrain.model.accounting import weight_decay_groups
 
 
 def lr_at(step: int, ocfg: OptimConfig, total_steps: int) -> float:
@@ -48,3 +48,23 @@ def param_groups(module: torch.nn.Module, cfg: Config) -> list[dict]:
             split.append({**g, "params": [p for p in g["params"] if id(p) in lev], "lr_mult": mult})
         groups = split
     return [g for g in groups if g["params"]]
+
+
+def no_weight_decay(name: str, param) -> bool:
+    """True for norms and biases (``ndim < 2``) and parameters flagged ``no_weight_decay`` (LEV's LayerNorm
+    affines and spline values). LEV codebooks are flagged ``lev_codebook`` instead (see weight_decay_groups)."""
+    return param.ndim < 2 or getattr(param, "no_weight_decay", False)
+
+
+def weight_decay_groups(model, weight_decay: float, decay_lev_codebooks: bool = False) -> list[dict]:
+    """Optimizer param groups: ``[{"params": decayed, "weight_decay": wd}, {"params": rest, "weight_decay": 0}]``
+    (the LEV codebooks join the decayed group only with ``decay_lev_codebooks``). Shared (tied) parameters
+    appear once."""
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        skip = no_weight_decay(name, p) or (getattr(p, "lev_codebook", False) and not decay_lev_codebooks)
+        (no_decay if skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

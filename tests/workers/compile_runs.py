@@ -18,7 +18,7 @@ warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not ins
 import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
-from leviathan_pretrain.parallel import destroy_distributed  # noqa: E402
+from leviathan_pretrain.parallel.groups import destroy_distributed  # noqa: E402
 from leviathan_pretrain.trainer import engine  # noqa: E402
 from tests.workers.train_runs import run_spec  # noqa: E402
 

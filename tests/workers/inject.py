@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from leviathan_pretrain.trainer import engine, loop, pipe
+from leviathan_pretrain.trainer import engine, loop, pipeline_parallel
 
 _ACTIVE = {"on": False, "steps": frozenset(), "rank": None, "factor": float("nan")}
 
@@ -21,7 +21,11 @@ def _poison(loss):
 def _install() -> None:
     if getattr(loop.Trainer, "_nan_injection", False):
         return
-    model_loss, pipe_loss, train_step = engine.ModelEngine._loss, pipe.PipeLoss.__call__, loop.Trainer.train_step
+    model_loss, pipe_loss, train_step = (
+        engine.ModelEngine._loss,
+        pipeline_parallel.PipeLoss.__call__,
+        loop.Trainer.train_step,
+    )
 
     def step(self):
         rank = int(os.environ.get("RANK", "0"))
@@ -32,7 +36,7 @@ def _install() -> None:
             _ACTIVE["on"] = False
 
     engine.ModelEngine._loss = lambda self, mb: _poison(model_loss(self, mb))
-    pipe.PipeLoss.__call__ = lambda self, logits, targets: _poison(pipe_loss(self, logits, targets))
+    pipeline_parallel.PipeLoss.__call__ = lambda self, logits, targets: _poison(pipe_loss(self, logits, targets))
     loop.Trainer.train_step = step
     loop.Trainer._nan_injection = True
 

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from leviathan_pretrain.config import load_config  # noqa: E402
 from leviathan_pretrain.model.lev import LEVInput  # noqa: E402
-from leviathan_pretrain.parallel import destroy_distributed, init_distributed  # noqa: E402
+from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed  # noqa: E402
 from leviathan_pretrain.trainer.engine import build_engine  # noqa: E402
 from tests.workers.train_common import CONFIG, TINY  # noqa: E402
 

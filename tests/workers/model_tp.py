@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import load_config
-from leviathan_pretrain.config_parallel import ParallelConfig
-from leviathan_pretrain.model import BuildSettings, build_model
-from leviathan_pretrain.parallel import destroy_distributed, init_distributed, seed_everything
+from leviathan_pretrain.config.parallel import ParallelConfig
+from leviathan_pretrain.model.assembly import build_model
+from leviathan_pretrain.model.settings import BuildSettings
+from leviathan_pretrain.parallel.groups import destroy_distributed, init_distributed, seed_everything
 from tests.small_model import small_model_overrides
 
 VARIANTS = sys.argv[1].split(",")

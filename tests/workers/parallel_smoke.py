@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from leviathan_pretrain.config import ParallelConfig
-from leviathan_pretrain.parallel import DeepSpeedMPU, destroy_distributed, init_distributed
+from leviathan_pretrain.parallel.groups import DeepSpeedMPU, destroy_distributed, init_distributed
 
 tp, pp = int(sys.argv[1]), int(sys.argv[2])
 env = init_distributed(

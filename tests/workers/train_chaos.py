@@ -9,10 +9,10 @@ writes (and fsyncs) just before it SIGKILLs itself (the test's proof that the ki
   the weights updated in memory), before the step is logged.
 - ``save``: half-way through writing the NTH (0-based) of the rank's DeepSpeed checkpoint files of step STEP
   (``SafeCheckpointEngine.save``): half the bytes written and fsynced, then killed.
-- ``commit``: rank 0: when ``checkpoint._atomic_write`` is about to replace ``latest`` with step STEP's tag (after
+- ``commit``: rank 0: when ``store._atomic_write`` is about to replace ``latest`` with step STEP's tag (after
   ``leviathan.json`` was written); rank 1 (which commits nothing): right after its NTH DeepSpeed file of step STEP
   was written in full, before the barrier after which rank 0 commits.
-- ``prune``: rank 0, inside ``checkpoint.prune`` after step STEP's save, deleting an old checkpoint: just before its
+- ``prune``: rank 0, inside ``store.prune`` after step STEP's save, deleting an old checkpoint: just before its
   NTH (1-based) deletion (``os.unlink`` / ``os.rmdir``, which ``shutil.rmtree`` and ``Path.unlink`` call).
 
 Every rank writes its pid into ``LEV_TEST_CHAOS_PIDS/`` (when set): the test kills whatever a launch left behind.
@@ -33,7 +33,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from leviathan_pretrain.trainer import checkpoint, loop, safe_io  # noqa: E402
+from leviathan_pretrain.trainer import loop  # noqa: E402
+from leviathan_pretrain.trainer.checkpoint import safe_io, store  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 PHASES = ("step", "save", "commit", "prune")
@@ -53,7 +54,7 @@ def die(what: str) -> None:
 def install(rank: int, phase: str, step: int, nth: int) -> None:
     if phase not in PHASES:
         raise SystemExit(f"LEV_TEST_CHAOS: unknown phase {phase!r} (one of {', '.join(PHASES)})")
-    tag = checkpoint.tag_for(step)
+    tag = store.tag_for(step)
 
     train_step = loop.Trainer.train_step
 
@@ -92,23 +93,23 @@ def install(rank: int, phase: str, step: int, nth: int) -> None:
                 die(f"commit {tag}: {Path(path).name} written in full, before the commit barrier")
             return out
 
-        safe_io.SafeCheckpointEngine.save = save  # the class object checkpoint.py imports too
+        safe_io.SafeCheckpointEngine.save = save  # the class object store.py imports too
 
     if phase == "commit" and rank == 0:
-        atomic_write = checkpoint._atomic_write
+        atomic_write = store._atomic_write
 
         def _atomic_write(path, text, *a, **k):
-            if Path(path).name == checkpoint.LATEST and str(text).strip() == tag:
-                meta = (Path(path).parent / tag / checkpoint.META).is_file()
-                die(f"commit {tag}: before replacing latest ({checkpoint.META} written: {meta})")
+            if Path(path).name == store.LATEST and str(text).strip() == tag:
+                meta = (Path(path).parent / tag / store.META).is_file()
+                die(f"commit {tag}: before replacing latest ({store.META} written: {meta})")
             return atomic_write(path, text, *a, **k)
 
-        checkpoint._atomic_write = _atomic_write
+        store._atomic_write = _atomic_write
 
     if phase == "prune":
         if rank != 0:
             raise SystemExit("LEV_TEST_CHAOS: only rank 0 prunes")
-        prune, unlink, rmdir = checkpoint.prune, os.unlink, os.rmdir
+        prune, unlink, rmdir = store.prune, os.unlink, os.rmdir
 
         def deleting(real, me):
             def op(p, *a, **k):
@@ -133,7 +134,7 @@ def install(rank: int, phase: str, step: int, nth: int) -> None:
             finally:
                 os.unlink, os.rmdir = unlink, rmdir
 
-        checkpoint.prune = pruning
+        store.prune = pruning
 
 
 if os.environ.get("LEV_TEST_CHAOS_PIDS"):

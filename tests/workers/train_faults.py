@@ -34,8 +34,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from leviathan_pretrain.trainer import checkpoint as ckpt  # noqa: E402
-from leviathan_pretrain.trainer import data as tdata  # noqa: E402
+from leviathan_pretrain.data import datasets as tdata  # noqa: E402
+from leviathan_pretrain.trainer.checkpoint import store as ckpt  # noqa: E402
 from tests.workers.inject import nan_loss  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))

@@ -19,7 +19,7 @@ import warnings
 warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed.*")
 
 from leviathan_pretrain.config import load_config  # noqa: E402
-from leviathan_pretrain.parallel import destroy_distributed  # noqa: E402
+from leviathan_pretrain.parallel.groups import destroy_distributed  # noqa: E402
 from leviathan_pretrain.trainer.loop import run  # noqa: E402
 from tests.workers.inject import nan_loss  # noqa: E402
 

@@ -1,0 +1,6 @@
+"""Hugging Face Llama checkpoints of a run (``lev export-hf``).
+
+- :mod:`.convert`    a loaded run's tensors as a Llama state dict and config; greedy decoding
+- :mod:`.tokenizer`  the export's tokenizer, one writer per tokenizer kind, kept only if it encodes the probes to the
+                     run's ids
+"""
