@@ -1,49 +1,53 @@
-"""Every command of the project in one table: ``python -m leviathan_pretrain COMMAND [args]`` (or ``lev COMMAND``).
+"""Every command of the project in one table: ``lev COMMAND [args]`` (or ``python -m leviathan_pretrain COMMAND``).
 
 Each command is also its own module (``python -m leviathan_pretrain.train ...``, ``python -m launchers.slurm ...``,
 as the docs show) and its own console script (``lev-train``, ``lev-slurm``, ...; ``pyproject.toml``'s
-``[project.scripts]``, installed by ``make setup``). The modules not in this table are libraries.
+``[project.scripts]``, installed by ``make setup``). The modules not in this table are libraries. The table lives
+in the top layer (launchers) because it names commands of every layer; it imports a command only when it runs
+(``common.entry_points``), so ``lev --help`` starts no torch.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import sys
 
+from common.cli import run_main
+from common.entry_points import resolve
 from common.exit_codes import EXIT_BAD_INPUT
 
-# command -> (module with main(argv), one line); the order is the order of the work
+# command -> (its main(argv), one line); the order is the order of the work
 COMMANDS = {
-    "make-corpus": ("data_prep.make_corpus", "build the small multi-source test corpus in the Pile's format"),
-    "train-tokenizer": ("data_prep.train_tokenizer", "train a SentencePiece/BPE tokenizer on a seeded sample"),
-    "tokenize": ("data_prep.tokenize_cli", "tokenize jsonl(.zst)/text into megatron-core .bin/.idx shards"),
-    "data-demo": ("data_prep.data_demo", "the data half of the demo: corpus, tokenizer, shards"),
-    "build-data-cache": ("leviathan_pretrain.build_data_cache", "build megatron-core's dataset index cache offline"),
-    "params": ("leviathan_pretrain.params", "closed-form parameter counts of a config"),
-    "train": ("leviathan_pretrain.train", "pretrain: a config + key=value overrides (one process per rank)"),
-    "local": ("launchers.local", "run N local ranks of a command (rank variables, failure handling)"),
-    "slurm": ("launchers.slurm", "SLURM: submit, sweep, pipeline, status (requeue on preemption)"),
-    "status": ("launchers.status", "a run's (or a sweep's) SLURM state, progress and last metrics"),
-    "evaluate": ("leviathan_pretrain.evaluate", "held-out, frequency-bucket, WikiText and LAMBADA evaluation"),
-    "compare": ("leviathan_pretrain.compare", "compare runs and reports: table, CSV and plots"),
-    "export-hf": ("leviathan_pretrain.export_hf", "export a checkpoint as a Hugging Face Llama model"),
-    "lm-eval": ("leviathan_pretrain.lm_eval", "lm-evaluation-harness with the leviathan model registered"),
-    "demo": ("leviathan_pretrain.demo", "the whole pipeline on a tiny corpus (make demo)"),
+    "make-corpus": ("data_prep.make_corpus:main", "build the small multi-source test corpus in the Pile's format"),
+    "train-tokenizer": ("data_prep.train_tokenizer:main", "train a SentencePiece/BPE tokenizer on a seeded sample"),
+    "tokenize": ("data_prep.tokenize_cli:main", "tokenize jsonl(.zst)/text into megatron-core .bin/.idx shards"),
+    "data-demo": ("data_prep.data_demo:main", "the data half of the demo: corpus, tokenizer, shards"),
+    "build-data-cache": (
+        "leviathan_pretrain.build_data_cache:main",
+        "build megatron-core's dataset index cache offline",
+    ),
+    "params": ("leviathan_pretrain.params:main", "closed-form parameter counts of a config"),
+    "train": ("leviathan_pretrain.train:main", "pretrain: a config + key=value overrides (one process per rank)"),
+    "local": ("launchers.local:main", "run N local ranks of a command (rank variables, failure handling)"),
+    "slurm": ("launchers.slurm:main", "SLURM: submit, sweep, pipeline, status (requeue on preemption)"),
+    "status": ("launchers.status:main", "a run's (or a sweep's) SLURM state, progress and last metrics"),
+    "evaluate": ("leviathan_pretrain.evaluate:main", "held-out, frequency-bucket, WikiText and LAMBADA evaluation"),
+    "compare": ("leviathan_pretrain.compare:main", "compare runs and reports: table, CSV and plots"),
+    "export-hf": ("leviathan_pretrain.export_hf:main", "export a checkpoint as a Hugging Face Llama model"),
+    "lm-eval": ("leviathan_pretrain.lm_eval:main", "lm-evaluation-harness with the leviathan model registered"),
+    "demo": ("leviathan_pretrain.demo:main", "the whole pipeline on a tiny corpus (make demo)"),
 }
 
 
 def run(command: str, argv: list[str]) -> int:
-    """Run ``command`` with ``argv``: its ``main``, with data_prep's one-line errors (exit 2) around it."""
-    from common.cli import run_main
-
-    module = importlib.import_module(COMMANDS[command][0])
+    """Run ``command`` with ``argv``: its ``main``, with the one-line errors (exit 2) around it."""
+    main = resolve(COMMANDS[command][0])
     if command == "lm-eval":  # lm-eval's own CLI reads sys.argv
         sys.argv = [f"lev {command}", *argv]
-        module.main()
+        main()
         return 0
-    return run_main(module.main, argv)
+    return run_main(main, argv)
 
 
 def usage() -> str:

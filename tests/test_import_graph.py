@@ -1,8 +1,12 @@
 """The import graph stays a layering: no import cycle, and no import from a lower layer upwards.
 
-The layers, bottom up: ``data_prep`` (no torch) < ``leviathan_pretrain`` < ``launchers``. The graph is read from
-the source as text (``ast``; nothing is imported), with every import in a module, the ones inside functions
-included: a cycle hidden behind a lazy import is still a cycle.
+The layers, bottom up: ``common`` (exit codes, atomic files, dtypes, the command-line vocabulary) < ``data_prep``
+(no torch) < ``leviathan_pretrain`` < ``launchers`` (and its command table). The graph is read from the source as
+text (``ast``; nothing is imported), with every import in a module, the ones inside functions included: a cycle
+hidden behind a lazy import is still a cycle. An import by name is an edge too: the code imports by name only
+through ``common.entry_points.resolve`` and a ``"package.module:name"`` literal, which the graph reads; a module-level
+``__getattr__`` (imports the graph cannot see) is refused. A package's ``__main__`` is a door (``python -m``),
+imported by nothing, so it may open onto any layer.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("common", "data_prep", "leviathan_pretrain", "launchers")  # bottom up
+RESOLVER = "common.entry_points"  # the one place that imports by name (a "package.module:name" spec)
 
 
 def module_files(root: Path = REPO, packages=LAYERS) -> dict[str, Path]:
@@ -48,6 +53,15 @@ def imported(module: str, node: ast.Import | ast.ImportFrom, files: dict[str, Pa
     return out
 
 
+def by_name(node: ast.AST, files: dict[str, Path]) -> set[str]:
+    """The project module a ``"package.module:name"`` literal names (an import by name, through the resolver)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        module, sep, name = node.value.partition(":")
+        if sep and name.isidentifier() and module in files:
+            return {module}
+    return set()
+
+
 def import_graph(root: Path = REPO, packages=LAYERS) -> dict[str, set[str]]:
     files = module_files(root, packages)
     graph = {}
@@ -56,8 +70,25 @@ def import_graph(root: Path = REPO, packages=LAYERS) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 deps |= imported(module, node, files)
+            deps |= by_name(node, files)
         graph[module] = deps - {module}
     return graph
+
+
+def hidden_imports(root: Path = REPO, packages=LAYERS) -> list[str]:
+    """Imports the graph cannot read: ``importlib.import_module``/``__import__`` outside the resolver, and
+    module-level ``__getattr__`` (lazy re-exports)."""
+    found = []
+    for module, path in module_files(root, packages).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and module != RESOLVER:
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if name in ("import_module", "__import__"):
+                    found.append(f"{module}:{node.lineno}: {name}")
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found += [f"{module}:{n.lineno}: __getattr__" for n in tree.body if getattr(n, "name", "") == "__getattr__"]
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -98,11 +129,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[tuple[str, str]]:
-    def layer(module: str) -> int:
-        return layers.index(module.split(".")[0])
+def is_door(module: str) -> bool:
+    return module.rsplit(".", 1)[-1] == "__main__"
 
-    return sorted((m, d) for m, deps in graph.items() for d in deps if layer(d) > layer(m))
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[tuple[str, str]]:
+    """Imports from a lower layer upwards (a ``__main__`` door is above every layer), and any import of a door."""
+
+    def layer(module: str) -> int:
+        return len(layers) if is_door(module) else layers.index(module.split(".")[0])
+
+    return sorted((m, d) for m, deps in graph.items() for d in deps if layer(d) > layer(m) or is_door(d))
 
 
 def test_the_project_has_no_import_cycle():
@@ -115,6 +152,23 @@ def test_no_layer_imports_from_a_layer_above_it():
     assert upward_imports(import_graph()) == []
 
 
+def test_every_import_is_one_the_graph_reads():
+    assert hidden_imports() == []
+    graph = import_graph()
+    assert "leviathan_pretrain.model.lev" in graph["leviathan_pretrain.model.variants"]  # read from "module:Class"
+    assert {"data_prep.tokenize_cli", "leviathan_pretrain.train", "launchers.slurm"} <= graph["launchers.commands"]
+
+
+def test_the_package_root_holds_its_commands_only():
+    """leviathan_pretrain's top level is its commands (the table's rows) and the ``python -m`` door; every library
+    lives in a package named for its concern (config/, model/, data/, trainer/, evaluation/, plan/, ...)."""
+    from launchers.commands import COMMANDS
+
+    commands = {spec.partition(":")[0] for spec, _ in COMMANDS.values()}
+    top = {f"leviathan_pretrain.{p.stem}" for p in (REPO / "leviathan_pretrain").glob("*.py")}
+    assert top - commands == {"leviathan_pretrain.__init__", "leviathan_pretrain.__main__"}
+
+
 @pytest.fixture
 def toy_tree(tmp_path: Path) -> Path:
     """A tree with a lazy-import cycle (a -> b at top level, b -> a inside a function) and an upward import."""
@@ -125,6 +179,10 @@ def toy_tree(tmp_path: Path) -> Path:
         "low/c.py": "import high.d\n",
         "high/__init__.py": "",
         "high/d.py": "from ..low import c\nfrom low import a as _a\n",
+        "high/__main__.py": "import high.d\n",
+        "low/e.py": "import importlib\nTABLE = {'x': 'high.d:main'}\n\n\ndef __getattr__(name):\n"
+        "    return importlib.import_module('low.' + name)\n",
+        "low/f.py": "from high import __main__\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -136,5 +194,12 @@ def test_the_checks_find_a_lazy_cycle_and_an_upward_import(toy_tree: Path):
     graph = import_graph(toy_tree, ("low", "high"))
     assert graph["low.a"] == {"low.b"} and graph["low.b"] == {"low.a"}  # relative and in-function imports read
     assert graph["high.d"] == {"low.a", "low.c"}
+    assert graph["low.e"] == {"high.d"}  # a "module:name" literal is an edge
     assert sorted(cycles(graph)) == [["high.d", "low.c"], ["low.a", "low.b"]]
-    assert upward_imports(graph, ("low", "high")) == [("low.c", "high.d")]
+    # the door may import upwards; importing a door is refused, as is the "module:name" edge upwards
+    assert upward_imports(graph, ("low", "high")) == [
+        ("low.c", "high.d"),
+        ("low.e", "high.d"),
+        ("low.f", "high.__main__"),
+    ]
+    assert hidden_imports(toy_tree, ("low", "high")) == ["low.e:6: import_module", "low.e:5: __getattr__"]
