@@ -403,7 +403,7 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
     ckpt.check_compatible(cfg, meta(**older), None, tmp_path, dims)
     ckpt.check_compatible(cfg, meta(**older, compile=True, activation_fusion=True), None, tmp_path, dims)
     # the loss's implementation and chunk change how it is computed, not the model: a run written with the fused
-    # loss (the default before issue 44: model.loss_impl auto since) resumes under auto, liger or another chunk
+    # loss (the default before model.loss_impl became auto) resumes under auto, liger or another chunk
     assert cfg.model.loss_impl == "auto"
     ckpt.check_compatible(cfg, meta(**{**older, "loss_impl": "fused", "loss_chunk_tokens": 2048}), None, tmp_path, dims)
     with pytest.raises(ckpt.CheckpointError, match="written for model.hidden_size=.*the config says"):

@@ -364,7 +364,7 @@ def test_verify_names_the_file_that_does_not_check_out(tmp_path):
     with pytest.raises(CheckpointError, match="extra.pt: not a whole torch file"):
         verify(tmp_path, "global_step10")
     r = CheckpointRecord.read(d)
-    r.files = None  # written before issue 45: the torch files are still checked
+    r.files = None  # written before records listed their files: the torch files are still checked
     (d / META).write_text(r.dumps())
     with pytest.raises(CheckpointError, match="extra.pt: not a whole torch file"):
         verify(tmp_path, "global_step10")

@@ -1,4 +1,4 @@
-"""Fusions without Transformer Engine (issue 19, item 5): ``model.activation_fusion`` (megatron-core's fused
+"""Fusions without Transformer Engine: ``model.activation_fusion`` (megatron-core's fused
 SwiGLU) and ``model.compile`` (``torch.compile`` of each transformer layer).
 
 In-process (world of 1): how the keys resolve and reach megatron-core, the refusal without a C++ compiler,

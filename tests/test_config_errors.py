@@ -1,4 +1,4 @@
-"""Config errors end with the fix (issue 46): an unknown key gets a "did you mean", the error names where the
+"""Config errors end with the fix: an unknown key gets a "did you mean", the error names where the
 key came from (the file, or ``command line (key=value)``), and TP larger than the world names the launcher
 command. All in-process (fast tier)."""
 

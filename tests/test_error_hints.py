@@ -1,4 +1,4 @@
-"""Issue 46: each one-line error ends with what to type (fast tier: the functions that raise, in process)."""
+"""Each one-line error ends with what to type (fast tier: the functions that raise, in process)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The GPU check's own arithmetic, on the CPU (issue 44): the parts of benchmarks/ whose numbers a GPU run reports
+"""The GPU check's own arithmetic, on the CPU: the parts of benchmarks/ whose numbers a GPU run reports
 must mean what they say before the run spends its minutes.
 
 - hf_reference.py: Liger's ``chunk_mem_const`` cuts a micro-batch into our number of loss chunks (Liger 0.8.5's
   own formula, checked against its code's chunk for the same sizes);
 - bench_step.py: the rotating order puts every contestant first equally often;
 - memory_snapshot.py: the peak of an allocator trace and what was live there, by category and site;
-- gpu_summary.py: per-scale ratios and issue 44's goals from training rows and bench_step results.
+- gpu_summary.py: per-scale ratios and the step-speed goals from training rows and bench_step results.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""First-run readiness on a GPU node, checked on the CPU (issue 19): what would break on a cluster image.
+"""First-run readiness on a GPU node, checked on the CPU: what would break on a cluster image.
 
 - ``model.attention_backend: auto`` is SDPA on CUDA too (no s x s fp32 scores), without touching CUDA;
 - the final norm is the layers' torch RMSNorm, so the model builds where Apex is importable (its

@@ -1,7 +1,7 @@
-"""Gradient accumulation dtype, ZeRO buckets/overlap and the AdamW kernel (issue 19): the DeepSpeed config and
+"""Gradient accumulation dtype, ZeRO buckets/overlap and the AdamW kernel: the DeepSpeed config and
 optimizer a run gets, config-load refusals, fp32 accumulation of bf16 gradients measured against bf16
 accumulation, and a bitwise bf16 resume through BF16_Optimizer; BF16_Optimizer's ``immediate_grad_update``
-(issue 44) gives the same losses and gradient norms bit for bit, and its checkpoints load either way."""
+gives the same losses and gradient norms bit for bit, and its checkpoints load either way."""
 
 import json
 

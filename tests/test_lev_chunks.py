@@ -1,4 +1,4 @@
-"""LEV on a GPU, checked on the CPU (issue 19): the spline product's chunk is sized by a per-device memory
+"""LEV on a GPU, checked on the CPU: the spline product's chunk is sized by a per-device memory
 budget that counts its real work buffers, a budget-sized chunk computes what small chunks compute, and the
 input path makes no host synchronisation per micro-batch but ``torch.unique``'s (LEV and the other unique-id
 layers; none for the tables, none with the unique ids made on the host), with out-of-range ids still caught,

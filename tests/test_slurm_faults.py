@@ -1,4 +1,4 @@
-"""Faults on the real two-node SLURM cluster (issue 31): a lost node, a cut network (mid-step and during a checkpoint
+"""Faults on the real two-node SLURM cluster: a lost node, a cut network (mid-step and during a checkpoint
 save) and a stalled rank, each hitting a ``launchers.slurm submit --nodes 2 --launch torchrun`` job (tiny-cpu LEV,
 DP 2: one rank on each node) mid-training.
 

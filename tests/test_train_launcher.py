@@ -68,8 +68,8 @@ def test_gpu_check_dry_run(tmp_path):
     """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry, Triton's interpreter): the loss and
     LEV kernel checks, the synthetic shard, bf16 training of TIED and LEV, bench_step.py's four contestants (ours at
     the new and at the old defaults, Hugging Face, Hugging Face + Liger) and LEV probe, the summary files in OUT
-    (its own earlier output, marked, is replaced) with issue 44's ratios per scale. A scale without configs fails
-    its own sections, each recorded, and loses none of the other scale's numbers."""
+    (its own earlier output, marked, is replaced) with the step-speed goals' ratios per scale. A scale without configs
+    fails its own sections, each recorded, and loses none of the other scale's numbers."""
     out = tmp_path / "gc"
     out.mkdir()
     (out / ".gpu_check-output").touch()

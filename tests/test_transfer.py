@@ -1,4 +1,4 @@
-"""A micro-batch on its way to the device (data/transfer.py, issue 44): one packed host buffer with 8-byte aligned
+"""A micro-batch on its way to the device (data/transfer.py): one packed host buffer with 8-byte aligned
 tensors, pinned only for CUDA runs, views on the other side; the unique-id layers' unique ids made on the host
 (padded to a bucket) give the model's outputs and gradients of ``torch.unique`` in the forward, with the true
 count in the FLOPs ratio and LEV's health record; the keys that choose it, and those that restore the old path."""

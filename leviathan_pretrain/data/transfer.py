@@ -1,4 +1,4 @@
-"""A micro-batch on its way to the device: one host buffer, one copy, the unique ids made on the host (issue 44).
+"""A micro-batch on its way to the device: one host buffer, one copy, the unique ids made on the host.
 
 :class:`Transfer` holds a run's choices (:meth:`Transfer.for_run`) and turns a micro-batch dict of host tensors
 (``tokens``, ``labels``, ``position_ids``, ``loss_mask``: what :class:`~.datasets.Batches` and the benchmarks make) into

@@ -70,7 +70,7 @@ class CheckpointRecord:
     model_layout: int = FIRST_MODEL_LAYOUT
     layout: ParallelLayout = field(default_factory=ParallelLayout)
     # every file of the checkpoint folder (relative name -> size in bytes), listed by rank 0 once every rank has
-    # written and flushed its files: a resume checks them before loading (records before issue 45: None)
+    # written and flushed its files: a resume checks them before loading (None: a record from before the list)
     files: dict[str, int] | None = None
 
     @property

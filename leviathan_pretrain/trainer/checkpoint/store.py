@@ -286,7 +286,7 @@ def load(ds_engine, ckpt_dir: Path, tag: str, record: CheckpointRecord) -> Train
 
 # Model settings that change speed or memory but not the weights: a run may resume with other values (and from a
 # checkpoint written before the key existed: ``compile`` and ``activation_fusion`` came later; ``loss_impl``'s default
-# became ``auto``, with issue 44).
+# became ``auto`` with the Liger loss).
 RESUME_FREE = {
     "attention_backend",
     "loss_impl",
