@@ -29,12 +29,15 @@ def test_every_config_exists_loads_and_names_its_variant(scale, variant):
 SEVEN_B = ("tied", "lev")  # the 7B scale has these two variants only
 
 
-def test_the_26_config_files_are_the_scales_times_the_variants_and_the_two_7b():
-    """Plus one ``<scale>-lev-iso.yaml`` per paper scale and tiny-cpu (LEV at UNTIED's total): 30 files."""
+def test_the_config_files_are_the_scales_times_the_variants_the_iso_runs_and_the_two_7b():
+    """26 ``<scale>-<variant>.yaml``, plus one ``<scale>-lev-iso.yaml`` per paper scale and tiny-cpu (LEV at UNTIED's
+    total): 30 files, as configs/README.md says, naming every variant."""
     names = {p.name for p in (REPO / "configs").glob("*.yaml")}
     expected = {f"{s}-{v}.yaml" for s in SCALES for v in VARIANTS} | {f"7b-{v}.yaml" for v in SEVEN_B}
     iso = {f"{s}-lev-iso.yaml" for s in SCALES}
     assert len(expected) == 26 and names == expected | iso and len(names) == 30
+    readme = (REPO / "configs/README.md").read_text()
+    assert "30 files" in readme and all(f"`{v}`" in readme for v in (*VARIANTS, "lev-iso"))
 
 
 @pytest.mark.parametrize("variant", SEVEN_B)
