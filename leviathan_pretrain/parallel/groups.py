@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import shlex
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from torch.distributed.distributed_c10d import _set_pg_timeout, _world
 
 from leviathan_pretrain.config import ConfigError, ParallelConfig
 from leviathan_pretrain.config.parallel import accumulation_steps, batch_problem
@@ -172,8 +179,6 @@ def launch_hint(world: int, model_parallel: int, argv: list[str] | None = None) 
     ranks = -(-world // model_parallel) * model_parallel  # the next multiple of TP x PP
     if world > 1:
         return f"launch a multiple of {model_parallel} ranks, e.g. {ranks}"
-    import shlex
-    import sys
 
     args = list(argv if argv is not None else sys.orig_argv[1:])
     if "-m" not in args and not any(a.endswith(".py") for a in args):
@@ -212,7 +217,6 @@ def init_distributed(pcfg: ParallelConfig) -> DistEnv:
             timeout=timedelta(minutes=pcfg.init_timeout_minutes),
             device_id=device if device.type == "cuda" else None,
         )
-    from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized() and (
         ps.get_tensor_model_parallel_world_size() != pcfg.tensor_parallel
@@ -235,8 +239,6 @@ def set_group_timeouts(minutes: float) -> None:
     start with torch's 30-minute gloo default). torch's ``_set_pg_timeout``, which megatron-core's
     ``update_pg_timeout`` wraps with a barrier and an unconditional ``torch.cuda.synchronize()`` (it fails on a
     CPU-only build)."""
-    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
-
     for group in list(_world.pg_map):
         try:
             _set_pg_timeout(timedelta(minutes=minutes), group)
@@ -276,8 +278,6 @@ class ParallelDims:
 
 def parallel_dims(micro_batch_size: int, global_batch_size: int) -> ParallelDims:
     """The grid of the initialised groups; the global batch must split into micro-batches x DP."""
-    from megatron.core import parallel_state as ps
-
     dp = ps.get_data_parallel_world_size()
     problem = batch_problem(global_batch_size, micro_batch_size, dp)
     if problem:
@@ -301,18 +301,12 @@ def seed_everything(seed: int, device: torch.device) -> None:
     On the CPU weights come from full master tensors (``use_cpu_initialization``), so TP shards equal the
     TP=1 weights; on GPU megatron-core's CUDA RNG tracker is seeded too (its per-shard initialisation on the
     device, and dropout)."""
-    import random
-
-    import numpy as np
-    from megatron.core import parallel_state as ps
 
     seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if device.type == "cuda":
-        from megatron.core import tensor_parallel
-
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
@@ -335,8 +329,6 @@ def one_process_group():
 def destroy_distributed(barrier: bool = True) -> None:
     """Tear down cleanly (a live gloo thread can abort the interpreter at exit). ``barrier=False`` on error
     paths: a peer that is gone, or stuck elsewhere, must not keep this rank waiting."""
-    from megatron.core import parallel_state as ps
-
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
@@ -353,8 +345,6 @@ class DeepSpeedMPU:
     counts tensor-parallel shards once (it reads megatron-core's ``tensor_model_parallel`` attribute)."""
 
     def __init__(self):
-        from megatron.core import parallel_state as ps
-
         self.ps = ps
 
     def get_model_parallel_world_size(self):
