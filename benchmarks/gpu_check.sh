@@ -23,6 +23,7 @@
 # output), summary.md, summary.json (per scale: ours_over_ref, ours_over_liger, ours_over_old, lev_over_tied, MFU,
 # each against issue 44's goals) and the .gpu_check-output marker. Shards, runs and checkpoints go to a temporary
 # folder it creates and deletes (KEEP_WORK=1 keeps it).
+# A run the docs cite is committed as it came back under results/gpu-runs/<date>/<n>-<what>/ (results/README.md).
 #
 #   bash benchmarks/gpu_check.sh          one CUDA GPU; python3 (never the CPU .venv) + .whl/ installed into
 #                                         /tmp/site with pip --no-index --no-deps

@@ -20,7 +20,7 @@
 # Resumable: a finished run (checkpoint at its last step) is not trained again, an interrupted one resumes from its
 # last checkpoint (the trainer's own resume), an existing report is not recomputed; so the study can be carried
 # across work periods by running the same command. Wall times per phase are appended to OUT/timings.tsv.
-# Records (--records, default docs/results-small/runs; none with --dry): each run trained and evaluated here is saved
+# Records (--records, default results/small/runs; none with --dry): each run trained and evaluated here is saved
 # there (benchmarks/study_records.py: its config, training log, report and timings, no checkpoints; commit them), and
 # a run with a record made with the same settings is restored from it instead of trained: the study survives a work
 # period whose machine (and OUT) is gone. --records none: neither. --only-recorded: the selection is the runs with a
@@ -52,7 +52,7 @@ case "$LAUNCHER" in auto|slurm|local) ;; *) echo "error: --launcher: auto, slurm
 [ -n "$OUT" ] || { [ "$DRY" = 1 ] && OUT=runs/repro-small-dry || OUT=runs/repro-small; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-if [ "$RECORDS" = default ]; then [ "$DRY" = 1 ] && RECORDS=none || RECORDS="$REPO/docs/results-small/runs"; fi
+if [ "$RECORDS" = default ]; then [ "$DRY" = 1 ] && RECORDS=none || RECORDS="$REPO/results/small/runs"; fi
 if [ "$RECORDS" != none ]; then mkdir -p "$RECORDS"; RECORDS=$(cd "$RECORDS" && pwd); fi
 [ "$ONLY_RECORDED" = 0 ] || [ "$RECORDS" != none ] || { echo "error: --only-recorded needs --records" >&2; exit 2; }
 . .venv/bin/activate

@@ -1,13 +1,15 @@
 """Write docs/results-small.md from a finished ``benchmarks/repro_small.sh`` study (nothing typed but the reading).
 
     python benchmarks/results_small.py [--study runs/repro-small] [--out docs/results-small.md]
+                                       [--records results/small/runs] [--figures results/small/figures]
 
-Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``docs/results-small/``, and
-adds the machine(s) the runs trained on (their training logs name it), the exact commands, each run's shape, tokens
-and times, and the seed-to-seed spread of TIED and LEV next to each LEV-vs-TIED gap. A run's times: its training
-steps' own time (``step_time_s`` in its ``train_log.jsonl``, the last record of each step when it was resumed), its
-median step, and the launcher's wall time (``STUDY/timings.tsv``, summed over the segments it recorded; a segment
-killed with the machine is not there, and runs trained through SLURM have one wall time for all).
+Takes the compare table (``STUDY/compare/comparison.md``) as it is, copies its PNGs to ``results/small/figures/``
+(run data, beside the records; the page links them by relative path), and adds the machine(s) the runs trained on
+(their training logs name it), the exact commands, each run's shape, tokens and times, and the seed-to-seed spread
+of TIED and LEV next to each LEV-vs-TIED gap. A run's times: its training steps' own time (``step_time_s`` in its
+``train_log.jsonl``, the last record of each step when it was resumed), its median step, and the launcher's wall
+time (``STUDY/timings.tsv``, summed over the segments it recorded; a segment killed with the machine is not there,
+and runs trained through SLURM have one wall time for all).
 The "Reading" section is kept from an existing ``--out`` file (the only hand-written part); a new file gets a
 placeholder there.
 """
@@ -27,6 +29,9 @@ from results_small_lev import PAIRS, pct  # benchmarks/, this script's directory
 from results_small_lev import section as lev_section
 
 REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "results-small.md"  # prose a reader opens
+RECORDS = REPO / "results" / "small" / "runs"  # run data (results/README.md)
+FIGURES = REPO / "results" / "small" / "figures"
 READING = "## Reading"
 PLACEHOLDER = "(to be written by hand from the numbers above)"
 
@@ -157,11 +162,16 @@ def name_records(text: str, study: Path, shown: str, names, records: Path) -> st
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default="runs/repro-small", help="the study directory (repro_small.sh --out)")
-    ap.add_argument("--out", default=str(REPO / "docs" / "results-small.md"))
+    ap.add_argument("--out", default=str(PAGE))
     ap.add_argument(
         "--records",
-        default=str(REPO / "docs" / "results-small" / "runs"),
+        default=str(RECORDS),
         help="the runs' records (repro_small.sh --records): a report is named by its record's copy",
+    )
+    ap.add_argument(
+        "--figures",
+        help="where the plots are copied, linked from the page by relative path (default: results/small/figures for "
+        "the repository's page, else figures/ beside --out)",
     )
     ns = ap.parse_args(argv)
     study, out = Path(ns.study), Path(ns.out)
@@ -169,12 +179,17 @@ def main(argv=None) -> int:
     if not table.is_file():
         print(f"error: {table} not found: run benchmarks/repro_small.sh first", file=sys.stderr)
         return 2
-    figs = out.parent / "results-small"
+    if ns.figures:
+        figs = Path(ns.figures)
+    else:
+        figs = FIGURES if out.resolve() == PAGE.resolve() else out.parent / "figures"
+    out.parent.mkdir(parents=True, exist_ok=True)
     figs.mkdir(parents=True, exist_ok=True)
     pngs = []
     for png in sorted((study / "compare").glob("*.png")):
         shutil.copyfile(png, figs / png.name)
-        pngs.append(f"![{png.stem}](results-small/{png.name})")
+        link = Path(os.path.relpath((figs / png.name).resolve(), out.parent.resolve())).as_posix()
+        pngs.append(f"![{png.stem}]({link})")
     reading = PLACEHOLDER
     if out.is_file() and READING in out.read_text():
         reading = out.read_text().split(READING, 1)[1].strip()
@@ -216,7 +231,7 @@ def main(argv=None) -> int:
         "",
         "The settings (body, steps, data) are at the top of `benchmarks/repro_small.sh`. Each run's record (its "
         "resolved config, training log, evaluation report and times; `benchmarks/study_records.py`) is in "
-        "`docs/results-small/runs/<run>/`: the tables below can be rebuilt from them without training.",
+        "`results/small/runs/<run>/`: the tables below can be rebuilt from them without training.",
         "",
         "## Runs",
         "",

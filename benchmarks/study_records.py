@@ -1,5 +1,6 @@
 """A study run's record: the few files its results page is made of, kept in the repository so that a study spread
 over several work periods (each on a fresh machine, where the study directory does not survive) loses no run.
+The small study's records are ``results/small/runs/`` (``benchmarks/repro_small.sh``'s default ``--records``).
 
     python benchmarks/study_records.py save    --run RUN --records DIR --name NAME --spec SPEC [--timings TSV]
     python benchmarks/study_records.py restore --run RUN --records DIR --name NAME --spec SPEC [--timings TSV]

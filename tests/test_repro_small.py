@@ -80,9 +80,10 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
         assert (out / "compare" / png).stat().st_size > 1000
     timings = (out / "timings.tsv").read_text().splitlines()
     # the results page from it: every run with its times, the table, the spread, the plots; the reading is kept
-    doc = tmp_path / "docs" / "results-small.md"
+    doc, figures = tmp_path / "docs" / "results-small.md", tmp_path / "results" / "small" / "figures"
     rel = os.path.relpath(out, REPO)  # a relative --study: the page names the reports from it
-    results = [sys.executable, "benchmarks/results_small.py", "--study", rel, "--out", str(doc)]
+    results = [sys.executable, "benchmarks/results_small.py", "--study", rel, "--out", str(doc),
+               "--figures", str(figures)]  # fmt: skip
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     text = doc.read_text()
     run_rows = [x for x in text.splitlines() if x.startswith("| ") and x.split(" | ")[1] in ("tied", "lev", "albert",
@@ -106,7 +107,8 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     # that climbs to / ends in that path, so it counts only where no '.' of a '../' stands before it)
     assert f"- tiny-cpu-lev: {rel}/runs/sweep/tiny-cpu-lev/eval/global_step2.json" in text, text
     assert not re.search(r"(?<!\.)" + re.escape(str(out.resolve())), text), text
-    assert (tmp_path / "docs" / "results-small" / "ppl_by_frequency.png").stat().st_size > 1000
+    assert (figures / "ppl_by_frequency.png").stat().st_size > 1000  # the plots are run data, outside docs/
+    assert "![ppl_by_frequency](../results/small/figures/ppl_by_frequency.png)" in text  # linked from the page
     doc.write_text(text.replace("(to be written by hand from the numbers above)", "LEV reads as it reads."))
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     assert doc.read_text().rstrip().endswith("LEV reads as it reads.")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -123,6 +125,42 @@ def test_the_results_page_names_the_machine_each_run_trained_on(tmp_path, monkey
         "- B: lev-long",
         "- not recorded: untied",
     ]
+
+
+def test_the_results_page_links_its_plots_from_where_they_are_copied(tmp_path, monkeypatch):
+    """results_small.py copies the study's plots to --figures (for the repository's page results/small/figures/: run
+    data, not docs/) and links them from the page by relative path; a page written elsewhere without --figures gets
+    figures/ beside it, and the repository's plots are left as they are."""
+    monkeypatch.syspath_prepend(str(benchmark_scripts.BENCHMARKS))
+    page = benchmark_scripts.load("results_small")
+    monkeypatch.setattr(page.subprocess, "run", lambda *a, **kw: SimpleNamespace(stdout="abc1234\n"))  # git's commit
+    assert page.FIGURES.relative_to(page.REPO).as_posix() == "results/small/figures"
+    assert page.RECORDS.relative_to(page.REPO).as_posix() == "results/small/runs"
+    study = tmp_path / "study"
+    (study / "runs").mkdir(parents=True)
+    (study / "compare").mkdir()
+    (study / "compare" / "comparison.md").write_text("# Comparison\n\n| run |\n| --- |\n")
+    (study / "compare" / "wikitext_ppl.png").write_bytes(b"not a plot")
+    doc, figures = tmp_path / "docs" / "results-small.md", tmp_path / "results" / "small" / "figures"
+    assert page.main(["--study", str(study), "--out", str(doc), "--figures", str(figures)]) == 0
+    assert (figures / "wikitext_ppl.png").read_bytes() == b"not a plot"
+    assert "![wikitext_ppl](../results/small/figures/wikitext_ppl.png)" in doc.read_text()
+    scratch = tmp_path / "scratch" / "page.md"
+    assert page.main(["--study", str(study), "--out", str(scratch)]) == 0
+    assert (scratch.parent / "figures" / "wikitext_ppl.png").read_bytes() == b"not a plot"
+    assert "![wikitext_ppl](figures/wikitext_ppl.png)" in scratch.read_text()
+    assert (page.FIGURES / "wikitext_ppl.png").read_bytes() != b"not a plot"
+
+
+def test_the_committed_results_page_names_files_that_exist():
+    """docs/results-small.md's plots and the reports it names are files of the repository (results/small/)."""
+    repo = benchmark_scripts.BENCHMARKS.parent
+    text = (repo / "docs" / "results-small.md").read_text()
+    plots = re.findall(r"^!\[[^]]*\]\(([^)]+)\)$", text, re.M)
+    reports = re.findall(r"^- [^:]+: (results/small/runs/\S+\.json)$", text, re.M)
+    assert len(plots) == 4 and len(reports) == 21, (plots, reports)
+    missing = [p for p in plots if not (repo / "docs" / p).is_file()] + [r for r in reports if not (repo / r).is_file()]
+    assert not missing, missing
 
 
 def test_the_lev_section_compares_each_run_with_the_papers_form_at_its_tokens(monkeypatch):
