@@ -19,7 +19,7 @@ WikiText is scored too, and its rate is given both per scored target and per tok
 window, stride = context / 2 by default, puts every target through the model about twice), in the N-rank
 evaluation only (all 499k tokens of wiki.test.raw: about two minutes on 2 cores).
 
-The table ends with evaluate / train per pair and their median; the target (issue 46) is >= 2.5 (a forward pass is
+The table ends with evaluate / train per pair and their median; the target is >= 2.5 (a forward pass is
 about a third of a training step's work).
 """
 

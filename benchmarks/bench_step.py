@@ -1,6 +1,6 @@
 """Our step time against plain Hugging Face loops, side by side in one process: ``python benchmarks/bench_step.py``.
 
-Contestants (issue 44's anchors), each stepped on the same micro-batches, in rotating order, after ``--warmup``
+Contestants, each stepped on the same micro-batches, in rotating order, after ``--warmup``
 steps each:
 
 - **ours** (B): the trainer's own path for ``--config`` (default ``configs/tiny-cpu-tied.yaml``, fp32, ZeRO 0)
@@ -18,7 +18,7 @@ steps each:
 
 The headline is the median over rounds of ours' step time over each other's, step by step in the same round
 (``ratio_pairs``: ours/ref; ``ratio_pairs_vs``: every other contestant): of CPU time (``process_time``) on the
-CPU, of wall time (synchronised) on CUDA. Target (issue 44): ours/ref <= 0.85 and ours/liger <= 1.00 on a GPU;
+CPU, of wall time (synchronised) on CUDA. Targets: ours/ref <= 0.85 and ours/liger <= 1.00 on a GPU;
 on the CPU ours/ref <= 1.05. ``--breakdown`` then times forward / backward / optimizer step of each separately.
 On CUDA each contestant's memory is recorded: what it holds between steps (``static_gib``: states, measured
 as the allocation growth from its build through its warm-up) and above that during a step (``transient_gib``).

@@ -1,6 +1,6 @@
 """``model.compile`` against eager on one device, losses and every gradient: ``python benchmarks/check_compile.py``.
 
-Issue 44 keeps ``model.compile`` off by default until this check passes on a GPU (benchmarks/gpu_check.sh runs
+``model.compile`` stays off by default until this check passes on a GPU (benchmarks/gpu_check.sh runs
 it). Two parts, one process, ``--config`` (default ``configs/400m-lev.yaml``) plus ``key=value`` overrides:
 
 1. **Gradients.** The model (``build_model``, no DeepSpeed) built from one seed four times: eager and compiled in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issues 19, 33, 44): one short run on one GPU (<= 9 minutes, installs included) answering, side by side:
+# GPU check: one short run on one GPU (<= 9 minutes, installs included) answering, side by side:
 #   1. correctness first, on this GPU: the training loss's Liger kernel against our fused loss and Liger's own fused
 #      linear cross entropy (benchmarks/bench_loss.py), LEV's Triton spline kernel against the torch path and LEV's
 #      input layer per kernel (benchmarks/profile_lev_gpu.py), model.compile against eager, losses and every
@@ -21,7 +21,7 @@
 # is skipped and recorded, for a second run with SECTIONS / SCALES (e.g. SCALES=1.2b SECTIONS=step).
 # It writes into $OUT (the tool's return folder; else runs/gpu_check): gpu_check.log (every section's whole
 # output), summary.md, summary.json (per scale: ours_over_ref, ours_over_liger, ours_over_old, lev_over_tied, MFU,
-# each against issue 44's goals) and the .gpu_check-output marker. Shards, runs and checkpoints go to a temporary
+# each against the step-speed goals) and the .gpu_check-output marker. Shards, runs and checkpoints go to a temporary
 # folder it creates and deletes (KEEP_WORK=1 keeps it).
 # A run the docs cite is committed as it came back under results/gpu-runs/<date>/<n>-<what>/ (results/README.md).
 #
@@ -58,7 +58,7 @@ for s in $SECTIONS; do
   esac
 done
 wanted() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-# The keys that restore what the defaults were before issue 44 (A): the loss without Liger's kernel, LEV's torch
+# The keys that restore the old defaults (A): the loss without Liger's kernel, LEV's torch
 # spline path with fp32 GEMMs, DeepSpeed's accumulation at the end of backward, torch.unique on the device, one
 # pageable copy per tensor (and each step's batch read at its start: bench_step.py prepares its batches ahead anyway).
 OLD_DEFAULTS="model.loss_impl=fused model.lev.kernel=torch model.lev.gemm_dtype=fp32 parallel.immediate_grad_update=false data.unique_ids=device data.packed_transfer=false data.prefetch=false"

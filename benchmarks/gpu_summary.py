@@ -6,7 +6,7 @@ correctness checks (``check_compile.py``, ``bench_loss.py``, ``profile_lev_gpu.p
 (``*.tsv``). Writes ``summary.json`` and ``summary.md``; per scale (``400m``, ``1.2b``, ...) ``summary.json``
 gives ``scales[scale]``: ``ours_over_ref`` (ours/C), ``ours_over_liger`` (ours/D), ``ours_over_old`` (ours/A)
 from bench_step.py's alternating rounds, ``lev_over_tied`` (LEV's over TIED's median step time through the
-trainer), the trainer's TIED and LEV MFU, and each against issue 44's goals (:data:`GOALS`).
+trainer), the trainer's TIED and LEV MFU, and each against the step-speed goals (:data:`GOALS`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# issue 44's goals: (key in scales[scale], comparison, bound, per-scale bound overrides)
+# the step-speed goals: (key in scales[scale], comparison, bound, per-scale bound overrides)
 GOALS = (
     ("ours_over_ref", "<=", 0.85, {}),
     ("ours_over_liger", "<=", 1.00, {}),
@@ -113,7 +113,7 @@ def lev_tied_ratios(rows: list[dict]) -> dict[str, float]:
 
 
 def scales(rows: list[dict], attached: dict) -> dict:
-    """``scales[scale]``: the issue's ratios and MFU, with ``goals`` (each: value, bound, met)."""
+    """``scales[scale]``: the step-speed ratios and MFU, with ``goals`` (each: value, bound, met)."""
     out: dict[str, dict] = {}
     for r in rows:
         if "error" not in r and r["variant"] in ("tied", "lev"):
@@ -229,7 +229,7 @@ def _steps_md(steps: list[dict]) -> list[str]:
 
 
 def _goals_md(sc: dict) -> list[str]:
-    out = ["", "## Issue 44's goals", "", "| scale | measure | value | goal | met |", "|---|---|---:|---|---|"]
+    out = ["", "## The step-speed goals", "", "| scale | measure | value | goal | met |", "|---|---|---:|---|---|"]
     for g, s in sc.items():
         for key, v in s.get("goals", {}).items():
             val = "n/a" if v["value"] is None else f"{v['value']:.3f}"

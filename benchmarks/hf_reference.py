@@ -1,4 +1,4 @@
-"""The plain Hugging Face loops ``benchmarks/bench_step.py`` times ours against (issue 44's anchors C and D).
+"""The plain Hugging Face loops ``benchmarks/bench_step.py`` times ours against (its contestants C and D).
 
 - :class:`Reference` (C): ``LlamaForCausalLM`` of our shape (``hf/convert.llama_config``; SDPA, the
   vocabulary padded as ours unless ``vocab="exact"``), in the run's precision (pure bf16 weights for bf16: what a

@@ -14,7 +14,7 @@ explained (R^2 = 1 - residual / variance about the set's mean row):
 - ``noise``: the same LEV fitted to a table of Gaussian noise of the table's RMS: what LEV reaches with no structure
   to use. A form that fits the trained table no better than noise represents its geometry by capacity alone.
 
-This is a diagnostic (issue 32), not a training run: an optimiser fitting rows directly is not the language model's
+This is a diagnostic, not a training run: an optimiser fitting rows directly is not the language model's
 gradient, so a form that fits well might still train badly; one that cannot fit the table cannot learn it either,
 whatever its start. A fit is also an optimisation: its R^2 is what the optimiser reached, a lower bound on what the
 form can do. ``--lr`` takes several rates and keeps, per fit, the one with the lowest fitted objective over every

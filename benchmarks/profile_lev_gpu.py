@@ -1,4 +1,4 @@
-"""LEV's input path on a GPU (issue 19): the chunk budget and the one host synchronisation (``torch.unique``).
+"""LEV's input path on a GPU: the chunk budget and the one host synchronisation (``torch.unique``).
 
 At a scale's shapes (V = 200,019, spec LEV defaults, one rank's heads = 8 / --tp, one micro-batch of Zipf ids):
 

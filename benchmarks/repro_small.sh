@@ -8,8 +8,8 @@
 #    identical to shared/tools/make-minipile), or --corpus DIR (an existing make_corpus output);
 # 2. a 16k SentencePiece BPE tokenizer (data_prep.train_tokenizer), shards per source (--split-by-set, blended by
 #    size in training) and the validation split (data_prep.tokenize);
-# 3. the runs (RUNS below: six variants on one body, two second seeds, the three follow-up questions, and issue
-#    32's runs without LEV's common mode (also at spec sizes, a second seed, 3x tokens) and at equal total
+# 3. the runs (RUNS below: six variants on one body, two second seeds, the three follow-up questions, and the
+#    runs without LEV's common mode (also at spec sizes, a second seed, 3x tokens) and at equal total
 #    parameters), each on
 #    2 CPU ranks (DP=2): through `python -m launchers.slurm sweep`/`submit` when a SLURM cluster answers (sinfo)
 #    and --launcher is not local, else through launchers/local.py;
@@ -95,7 +95,7 @@ RUNS=(
   "lev-lr10|lev|$STEPS|optim.lev_lr_mult=10"
   "tied-long|tied|$LONG_STEPS|"
   "lev-long|lev|$LONG_STEPS|"
-  # issue 32: without LEV's common mode at init (model.lev.center, model.lev.out_init_std: docs/lev.md), and at equal total
+  # LEV without its common mode at init (model.lev.center, model.lev.out_init_std: docs/lev.md), and at equal total
   # parameters to UNTIED by depth at the study's vocabulary (ISO_LAYERS above)
   "lev-center|lev|$STEPS|model.lev.center=true"
   "lev-match|lev|$STEPS|model.lev.out_init_std=match"

@@ -1,4 +1,4 @@
-"""The LEV section of docs/results-small.md (issue 32): every LEV run of the study against TIED and plain LEV at the
+"""The LEV section of docs/results-small.md: every LEV run of the study against TIED and plain LEV at the
 same tokens, its rarest and most frequent frequency bucket, and its input rows' geometry at init and at the end,
 with the seed-to-seed spread beside it. Used by ``benchmarks/results_small.py``; reads the evaluation reports and
 the training logs only.
@@ -21,7 +21,7 @@ def pct(v, base) -> str:
 
 
 def paper_form(cfg) -> bool:
-    """A LEV config in the paper's form: neither of issue 32's options (``center``, ``out_init_std``), ours."""
+    """A LEV config in the paper's form: neither of the options this project added (``center``, ``out_init_std``)."""
     if cfg is None or cfg.model.variant != "lev":
         return False
     return not cfg.model.lev.center and cfg.model.lev.out_init_std is None

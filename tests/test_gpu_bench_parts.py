@@ -81,7 +81,7 @@ def test_memory_peak_and_what_was_live_there():
     assert ms._category(backward) == "backward" and ms._category(loss) == "loss"
 
 
-def test_summary_gives_the_issue_ratios_and_goals_per_scale():
+def test_summary_gives_the_step_speed_ratios_and_goals_per_scale():
     gs = benchmark_scripts.load("gpu_summary")
     common = {"tflops_per_device": 1.0, "final_loss": 9.0, "peak_gib": 1.0, "plan_gib": 2.0}
     rows = [
