@@ -13,8 +13,9 @@ from pathlib import Path
 from leviathan_pretrain.trainer.checkpoint.names import META, CheckpointError
 
 FIRST_MODEL_LAYOUT = 1  # records written before ``model_layout`` existed hold the first state-dict layout
-# The keys every trainer version wrote into leviathan.json (git log -p of trainer/loop.py and checkpoint.py), and the
-# ones added since, in the order they came: a record the trainer wrote has the first and a prefix of the second.
+# The keys every trainer version wrote into leviathan.json (git log --follow -p of trainer/loop.py and
+# trainer/checkpoint/store.py), and the ones added since, in the order they came: a record the trainer wrote has the
+# first and a prefix of the second.
 ALWAYS_WRITTEN = ("config", "tokenizer_sha256", "layout", "step", "consumed_samples", "skipped_steps", "tag")
 ADDED = ("model_layout", "tokenizer_fingerprint")
 
