@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
+from leviathan_pretrain.trainer.checkpoint import safe_io
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, overrides
 
@@ -166,35 +167,39 @@ def _describe(ck: Path) -> str:
         if p.is_dir():
             lines.append(f"  {p.name}/ " + " ".join(sorted(c.name for c in p.iterdir())))
         else:
-            lines.append(f"  {p.name}" + (f" -> {p.read_text().strip()!r}" if p.name == ckpt.LATEST else ""))
+            lines.append(f"  {p.name}" + (f" -> {p.read_text().strip()!r}" if p.name == ckpt_names.LATEST else ""))
     return "\n".join(lines)
 
 
 def _check_latest(ck: Path, where: str) -> int:
     """``latest``, if any, names a complete checkpoint that loads; its step (0: none)."""
-    p = ck / ckpt.LATEST
+    p = ck / ckpt_names.LATEST
     if not p.exists():
         return 0
     tag = p.read_text().strip()
     d = ck / tag
-    assert ckpt.step_of(tag) is not None, f"{where}: latest names {tag!r}\n{_describe(ck)}"
-    assert (d / ckpt.META).is_file(), f"{where}: latest names {tag}, which has no {ckpt.META}\n{_describe(ck)}"
-    assert not (d / ckpt.SAVING).exists(), f"{where}: latest names {tag}, still marked {ckpt.SAVING}\n{_describe(ck)}"
+    assert ckpt_names.step_of(tag) is not None, f"{where}: latest names {tag!r}\n{_describe(ck)}"
+    assert (d / ckpt_names.META).is_file(), (
+        f"{where}: latest names {tag}, which has no {ckpt_names.META}\n{_describe(ck)}"
+    )
+    assert not (d / ckpt_names.SAVING).exists(), (
+        f"{where}: latest names {tag}, still marked {ckpt_names.SAVING}\n{_describe(ck)}"
+    )
     missing = CKPT_FILES - {f.name for f in d.iterdir()}
     assert not missing, f"{where}: latest names {tag}, which lacks {sorted(missing)}\n{_describe(ck)}"
-    files = json.loads((d / ckpt.META).read_text()).get("files")
+    files = json.loads((d / ckpt_names.META).read_text()).get("files")
     for name, size in (files or {}).items():  # leviathan.json's {name: size}, where written
         size = size.get("size") if isinstance(size, dict) else size
-        assert (d / name).is_file(), f"{where}: {tag}/{ckpt.META} lists {name}, which is missing\n{_describe(ck)}"
+        assert (d / name).is_file(), f"{where}: {tag}/{ckpt_names.META} lists {name}, which is missing\n{_describe(ck)}"
         got = (d / name).stat().st_size
-        assert got == size, f"{where}: {tag}/{name} has {got} bytes, {ckpt.META} says {size}"
+        assert got == size, f"{where}: {tag}/{name} has {got} bytes, {ckpt_names.META} says {size}"
     for f in sorted(d.glob("*.pt")):
         try:
-            ckpt.safe_load(f)
+            safe_io.safe_load(f)
         except Exception as e:  # noqa: BLE001 - the message names the file
             pytest.fail(f"{where}: latest names {tag}, whose {f.name} does not load: {e!r}", pytrace=False)
-    assert ckpt.read_latest(ck) == tag
-    return ckpt.step_of(tag)
+    assert ckpt_names.read_latest(ck) == tag
+    return ckpt_names.step_of(tag)
 
 
 def _losses(out: Path) -> dict[int, float]:
@@ -275,11 +280,11 @@ def test_sigkill_at_random_moments_then_resume_ends_as_an_uninterrupted_run(tmp_
         latest = _check_latest(ck, where)
         want = step if phase == "prune" else max([s for s in SAVES if s < step], default=0)
         assert latest == want, f"{where}: latest names step {latest}, expected {want}\n{story}\n{_describe(ck)}"
-        d = ck / ckpt.tag_for(step)
+        d = ck / ckpt_names.tag_for(step)
         if phase == "commit" and rank == 0:  # committed, not yet named by latest
-            assert (d / ckpt.META).is_file() and not (d / ckpt.SAVING).exists(), f"{where}\n{_describe(ck)}"
+            assert (d / ckpt_names.META).is_file() and not (d / ckpt_names.SAVING).exists(), f"{where}\n{_describe(ck)}"
         elif phase in ("save", "commit"):  # an interrupted save, marked as ours
-            assert (d / ckpt.SAVING).is_file() and not (d / ckpt.META).exists(), f"{where}\n{_describe(ck)}"
+            assert (d / ckpt_names.SAVING).is_file() and not (d / ckpt_names.META).exists(), f"{where}\n{_describe(ck)}"
         done = latest
 
     t0 = time.monotonic()
@@ -297,23 +302,27 @@ def test_sigkill_at_random_moments_then_resume_ends_as_an_uninterrupted_run(tmp_
     assert not wrong, f"losses logged by the attempts differ from the uninterrupted run's: {wrong}\n{story}"
 
     # the final weights (and optimizer and RNG states): the uninterrupted run's, exactly
-    final = ckpt.tag_for(STEPS)
+    final = ckpt_names.tag_for(STEPS)
     assert _check_latest(ck, "at the end") == STEPS
     got_dir, ref_dir = ck / final, ref_out / "checkpoints" / final
     model = "mp_rank_00_model_states.pt"
-    ours, theirs = ckpt.safe_load(got_dir / model)["module"], ckpt.safe_load(ref_dir / model)["module"]
+    ours, theirs = safe_io.safe_load(got_dir / model)["module"], safe_io.safe_load(ref_dir / model)["module"]
     assert ours.keys() == theirs.keys() and any(isinstance(v, torch.Tensor) for v in ours.values())
     assert _differences(ours, theirs, "module") == [], story
     diffs = [
-        d for f in sorted(CKPT_FILES) for d in _differences(ckpt.safe_load(got_dir / f), ckpt.safe_load(ref_dir / f), f)
+        d
+        for f in sorted(CKPT_FILES)
+        for d in _differences(safe_io.safe_load(got_dir / f), safe_io.safe_load(ref_dir / f), f)
     ]
     assert not diffs, f"the final checkpoint differs from the uninterrupted run's: {diffs[:20]}\n{story}"
 
     # what is left: the last two checkpoints, no interrupted save, no temporary file of ours
-    tags = sorted((p.name for p in ck.glob(f"{ckpt.TAG_PREFIX}*") if p.is_dir()), key=ckpt.step_of)
-    assert tags == [ckpt.tag_for(s) for s in SAVES[-2:]], f"{story}\n{_describe(ck)}"
-    leftovers = [p.name for p in ck.glob(f".{ckpt.TAG_PREFIX}*.saving-*") if p.name.rsplit("-", 1)[1].isdigit()]
-    leftovers += [p.name for p in ck.glob(f"{ckpt.LATEST}.tmp*") if p.name[len(ckpt.LATEST) + 4 :].isdigit()]
+    tags = sorted((p.name for p in ck.glob(f"{ckpt_names.TAG_PREFIX}*") if p.is_dir()), key=ckpt_names.step_of)
+    assert tags == [ckpt_names.tag_for(s) for s in SAVES[-2:]], f"{story}\n{_describe(ck)}"
+    leftovers = [p.name for p in ck.glob(f".{ckpt_names.TAG_PREFIX}*.saving-*") if p.name.rsplit("-", 1)[1].isdigit()]
+    leftovers += [
+        p.name for p in ck.glob(f"{ckpt_names.LATEST}.tmp*") if p.name[len(ckpt_names.LATEST) + 4 :].isdigit()
+    ]
     assert not leftovers, f"{story}\n{_describe(ck)}"
 
     # the user's files: same contents, same mtimes; nothing added to their folder

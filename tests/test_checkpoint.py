@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
+from leviathan_pretrain.trainer.checkpoint import safe_io
 from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from leviathan_pretrain.trainer.state import TrainState
 from tests.multiproc import REPO, base_env
@@ -47,10 +49,10 @@ def test_loading_refuses_arbitrary_objects(tmp_path):
     with open(bad, "wb") as f:
         pickle.dump({"module": _Payload(str(marker))}, f)
     torch.save({"w": torch.ones(2), "state": {"step": 3}}, tmp_path / "good.pt")
-    with pytest.raises(ckpt.CheckpointError, match="evil.pt: refused by weights_only loading"):
-        ckpt.safe_load(bad)
+    with pytest.raises(ckpt_names.CheckpointError, match="evil.pt: refused by weights_only loading"):
+        safe_io.safe_load(bad)
     assert not marker.exists()
-    assert ckpt.safe_load(tmp_path / "good.pt")["state"] == {"step": 3}
+    assert safe_io.safe_load(tmp_path / "good.pt")["state"] == {"step": 3}
 
 
 def test_rng_state_round_trip(tmp_path):
@@ -59,24 +61,24 @@ def test_rng_state_round_trip(tmp_path):
     torch.save(TrainState.rng_state_dict(), tmp_path / "rng.pt")
     before = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist())
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    TrainState.load_rng_state_dict(ckpt.safe_load(tmp_path / "rng.pt"))
+    TrainState.load_rng_state_dict(safe_io.safe_load(tmp_path / "rng.pt"))
     assert (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()) == before
 
 
 def test_latest_prune_and_incomplete(tmp_path):
     for s in (10, 20, 30, 40):
-        d = tmp_path / ckpt.tag_for(s)
+        d = tmp_path / ckpt_names.tag_for(s)
         d.mkdir()
         (d / "x.pt").write_bytes(b"x")
-        (d / (ckpt.META if s != 40 else ckpt.SAVING)).write_text("{}")  # 40: an interrupted save of ours
+        (d / (ckpt_names.META if s != 40 else ckpt_names.SAVING)).write_text("{}")  # 40: an interrupted save of ours
     (tmp_path / "latest").write_text("global_step30")
-    assert ckpt.read_latest(tmp_path) == "global_step30"
+    assert ckpt_names.read_latest(tmp_path) == "global_step30"
     assert ckpt.prune(tmp_path, keep_last=2) == ["global_step10"]
-    assert ckpt.complete_tags(tmp_path) == ["global_step20", "global_step30"]
+    assert ckpt_names.complete_tags(tmp_path) == ["global_step20", "global_step30"]
     assert ckpt.remove_incomplete(tmp_path) == ["global_step40"] and not (tmp_path / "global_step40").exists()
     (tmp_path / "latest").write_text("global_step40")
-    with pytest.raises(ckpt.CheckpointError, match="not a complete checkpoint"):
-        ckpt.read_latest(tmp_path)
+    with pytest.raises(ckpt_names.CheckpointError, match="not a complete checkpoint"):
+        ckpt_names.read_latest(tmp_path)
 
 
 def test_cleanup_never_touches_what_is_not_ours(tmp_path):
@@ -88,17 +90,17 @@ def test_cleanup_never_touches_what_is_not_ours(tmp_path):
     (tmp_path / "notes.tmp").write_text("mine")
     ours = tmp_path / ".global_step9.saving-123"  # our crash between mkdir and rename
     ours.mkdir()
-    (ours / ckpt.SAVING).write_text("{}")
+    (ours / ckpt_names.SAVING).write_text("{}")
     (tmp_path / "latest.tmp4242").write_text("global_step9")  # write_bytes_atomic's temporary name
     assert ckpt.remove_incomplete(tmp_path) == []
     assert (foreign / "mp_rank_00_model_states.pt").read_bytes() == b"their weights"
     assert (tmp_path / "notes.tmp").read_text() == "mine"
     assert not ours.exists() and not (tmp_path / "latest.tmp4242").exists()
     assert ckpt.foreign_tags(tmp_path) == ["global_step7"]
-    with pytest.raises(ckpt.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
+    with pytest.raises(ckpt_names.CheckpointError, match=r"global_step7: no leviathan\.json or leviathan\.saving"):
         ckpt.check_no_foreign(tmp_path)  # the trainer's first check (resume or not), before choosing a checkpoint
     assert (foreign / "mp_rank_00_model_states.pt").exists()
-    with pytest.raises(ckpt.CheckpointError, match="not written by leviathan_pretrain"):
+    with pytest.raises(ckpt_names.CheckpointError, match="not written by leviathan_pretrain"):
         ckpt._begin(tmp_path, "global_step7", 7)  # never replaced by a save either
     assert (foreign / "mp_rank_00_model_states.pt").exists()
 
@@ -130,9 +132,9 @@ def test_resume_is_bitwise_pp2():
 def test_keep_last_and_contents():
     dp_tp_runs()
     d = workdir() / "dp2_z2_full" / "checkpoints"
-    assert ckpt.complete_tags(d) == ["global_step50", "global_step60"]  # keep_last=2
+    assert ckpt_names.complete_tags(d) == ["global_step50", "global_step60"]  # keep_last=2
     assert (d / "latest").read_text() == "global_step60"
-    meta = json.loads((d / "global_step60" / ckpt.META).read_text())
+    meta = json.loads((d / "global_step60" / ckpt_names.META).read_text())
     assert (meta["step"], meta["consumed_samples"], meta["layout"]) == (
         60,
         480,
@@ -141,7 +143,7 @@ def test_keep_last_and_contents():
     assert meta["config"]["model"]["variant"] == "lev"
     assert {p.name for p in (d / "global_step60").glob("rng_rank*.pt")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
     assert (meta["skipped_steps"], meta["tag"]) == (0, "global_step60")
-    assert "module" in ckpt.safe_load(d / "global_step60" / "mp_rank_00_model_states.pt")  # DeepSpeed's own
+    assert "module" in safe_io.safe_load(d / "global_step60" / "mp_rank_00_model_states.pt")  # DeepSpeed's own
 
 
 @pytest.mark.multiproc
@@ -207,10 +209,10 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path, prefetch):
         _stop(proc)
     assert proc.returncode == 128 + signal.SIGKILL, log[-3000:]
     assert (ck / "latest").read_text() == "global_step2"
-    assert not (ck / "global_step4" / ckpt.META).exists()
+    assert not (ck / "global_step4" / ckpt_names.META).exists()
     with pytest.raises(RuntimeError):  # the half-written file is unreadable (torch's zip reader) ...
         torch.load(ck / "global_step4" / "mp_rank_00_model_states.pt", weights_only=True)
-    ckpt.safe_load(ck / "global_step2" / "mp_rank_00_model_states.pt")  # ... the previous one loads
+    safe_io.safe_load(ck / "global_step2" / "mp_rank_00_model_states.pt")  # ... the previous one loads
     first = losses(out)
     assert sorted(first) == [1, 2, 3, 4]
 
@@ -233,7 +235,7 @@ def test_crash_during_checkpoint_write_then_sigterm(tmp_path, prefetch):
     second = losses(out)
     assert [second[s] for s in (1, 2, 3, 4)] == [first[s] for s in (1, 2, 3, 4)]  # 3, 4 redone identically
     assert (ck / "latest").read_text() == f"global_step{stopped['step']}" and max(second) == stopped["step"]
-    assert ckpt.complete_tags(ck) == ["global_step2", f"global_step{stopped['step']}"]
+    assert ckpt_names.complete_tags(ck) == ["global_step2", f"global_step{stopped['step']}"]
     assert not any(p.name.endswith(".tmp") for p in ck.iterdir())
 
 
@@ -259,7 +261,7 @@ def test_every_rank_fsyncs_its_own_checkpoint_files(tmp_path):
     assert {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"} <= synced[1]
     assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt", "rng_rank00000.pt"} <= synced[0]
     assert not synced[0] & {"zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank00001.pt"}  # no walking all
-    written = {p.name for p in tag.iterdir() if p.is_file()} - {ckpt.META}
+    written = {p.name for p in tag.iterdir() if p.is_file()} - {ckpt_names.META}
     assert written <= synced[0] | synced[1], written - synced[0] - synced[1]
 
 
@@ -350,7 +352,7 @@ def test_resume_on_fewer_nodes_continues_exactly(zero):
         assert abs(got[s]["grad_norm"] - ref[s]["grad_norm"]) <= 1e-3 * ref[s]["grad_norm"], (s, got[s], ref[s])
         assert got[s]["consumed_samples"] == ref[s]["consumed_samples"] == 8 * s
     d = workdir() / name / "checkpoints"
-    meta = json.loads((d / f"global_step{RESHARD_STOP}" / ckpt.META).read_text())
+    meta = json.loads((d / f"global_step{RESHARD_STOP}" / ckpt_names.META).read_text())
     assert (meta["consumed_samples"], meta["layout"]["dp"]) == (8 * RESHARD_STOP, 1)
     assert (d / "global_step20" / "universal" / "CONVERTED").is_file() == (zero > 0)
 
@@ -381,7 +383,7 @@ def test_a_checkpoint_of_another_model_layout_is_refused(tmp_path):
     cfg = load_config(CONFIG, [])
     dims = ParallelDims(rank=0, world=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0, gas=1)
     meta = record({"config": {"model": {}}, "layout": {"tp": 1, "pp": 1, "dp": 1, "zero_stage": 1}})
-    with pytest.raises(ckpt.CheckpointError, match=f"model layout 1 .* this code reads layout {LAYOUT_VERSION}"):
+    with pytest.raises(ckpt_names.CheckpointError, match=f"model layout 1 .* this code reads layout {LAYOUT_VERSION}"):
         ckpt.check_compatible(cfg, meta, None, tmp_path, dims)
 
 
@@ -406,7 +408,7 @@ def test_speed_only_model_keys_may_differ_on_resume_and_older_checkpoints_resume
     # loss (the default before model.loss_impl became auto) resumes under auto, liger or another chunk
     assert cfg.model.loss_impl == "auto"
     ckpt.check_compatible(cfg, meta(**{**older, "loss_impl": "fused", "loss_chunk_tokens": 2048}), None, tmp_path, dims)
-    with pytest.raises(ckpt.CheckpointError, match="written for model.hidden_size=.*the config says"):
+    with pytest.raises(ckpt_names.CheckpointError, match="written for model.hidden_size=.*the config says"):
         ckpt.check_compatible(cfg, meta(**{**older, "hidden_size": cfg.model.hidden_size * 2}), None, tmp_path, dims)
 
 
@@ -416,9 +418,9 @@ def test_layout_rules_without_reshard():
 
     saved = ParallelLayout(tp=1, pp=2, dp=4, zero_stage=1)
     check_layout(saved, 1, 2, 2, 1, True, "ck")  # fewer nodes: fine
-    with pytest.raises(ckpt.CheckpointError, match="checkpoint.reshard=true"):
+    with pytest.raises(ckpt_names.CheckpointError, match="checkpoint.reshard=true"):
         check_layout(saved, 1, 2, 2, 1, False, "ck")
-    with pytest.raises(ckpt.CheckpointError, match="parallel.zero_stage=1"):
+    with pytest.raises(ckpt_names.CheckpointError, match="parallel.zero_stage=1"):
         check_layout(saved, 1, 2, 4, 0, True, "ck")
-    with pytest.raises(ckpt.CheckpointError, match="pipeline_parallel=2"):
+    with pytest.raises(ckpt_names.CheckpointError, match="pipeline_parallel=2"):
         check_layout(saved, 1, 1, 8, 1, True, "ck")

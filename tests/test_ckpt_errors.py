@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, overrides
 
@@ -188,4 +188,4 @@ def test_a_rank_killed_before_latest_leaves_its_peer_one_line(tmp_path):
     assert "frame #" not in text and "Exception raised from" not in text and "Traceback" not in text, text[-5000:]
     ck = out / "checkpoints"
     assert (ck / "latest").read_text() == "global_step2"
-    assert (ck / "global_step4" / ckpt.META).is_file()
+    assert (ck / "global_step4" / ckpt_names.META).is_file()

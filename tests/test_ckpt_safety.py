@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import CONFIG, events, launch, losses, overrides, records, spec, workdir
 
@@ -39,7 +39,7 @@ def trials():
     )
     assert first["codes"]["safety_base"] == {0: 75, 1: 75} and first["codes"]["safety_ref"] == {0: 0, 1: 0}
     ck = workdir() / "safety_base" / "checkpoints"
-    assert ckpt.complete_tags(ck) == ["global_step2", "global_step4", "global_step6"]
+    assert ckpt_names.complete_tags(ck) == ["global_step2", "global_step4", "global_step6"]
     names = {t: _copy_base(t) for t in TRIALS}
     (workdir() / names["missing"] / "checkpoints" / "latest").unlink()
     (workdir() / names["empty"] / "checkpoints" / "latest").write_text("")
@@ -78,7 +78,7 @@ def test_a_lost_latest_resumes_from_the_newest_complete_checkpoint(trials, fault
     ref, got = losses("safety_ref"), losses(name)
     assert [got[s] for s in (7, 8)] == [ref[s] for s in (7, 8)]  # exact: resumed, not restarted
     assert (_ck(name) / "latest").read_text() == "global_step8"
-    assert ckpt.complete_tags(_ck(name)) == ["global_step4", "global_step6", "global_step8"]
+    assert ckpt_names.complete_tags(_ck(name)) == ["global_step4", "global_step6", "global_step8"]
 
 
 @pytest.mark.multiproc
@@ -92,7 +92,7 @@ def test_a_truncated_checkpoint_is_refused_naming_the_file(trials):
     assert errors[0].startswith(f"CheckpointError: checkpoint global_step6 is unusable: {model}: ")
     assert "the file was truncated or replaced" in errors[0] and "\n" not in errors[0]
     assert "re-run with checkpoint.fallback=true" in errors[0] and "checkpoint.resume_from=global_step4" in errors[0]
-    assert ckpt.complete_tags(_ck(name)) == ["global_step2", "global_step4", "global_step6"]
+    assert ckpt_names.complete_tags(_ck(name)) == ["global_step2", "global_step4", "global_step6"]
     assert (_ck(name) / "latest").read_text() == "global_step6"
 
 
@@ -104,7 +104,7 @@ def test_fallback_resumes_from_the_older_checkpoint_and_keeps_the_bad_one(trials
     assert [r["tag"] for r in resumed] == ["global_step4"]
     assert resumed[0]["note"].startswith("checkpoint.fallback: global_step6 is unusable (")
     aside = [p for p in _ck(name).iterdir() if p.name.startswith("unusable-global_step6-")]
-    assert len(aside) == 1 and (aside[0] / "global_step6" / ckpt.META).is_file()  # moved, not deleted
+    assert len(aside) == 1 and (aside[0] / "global_step6" / ckpt_names.META).is_file()  # moved, not deleted
     ref, got = losses("safety_ref"), losses(name)
     assert [got[s] for s in (5, 6, 7, 8)] == [ref[s] for s in (5, 6, 7, 8)]
 
@@ -126,7 +126,11 @@ def test_a_loss_spike_stops_the_run_and_keeps_the_checkpoint_before_it(trials):
     )
     ck = _ck("safety_spike")
     assert (ck / "latest").read_text() == "global_step4" and "latest names global_step4" in msg
-    assert ckpt.complete_tags(ck) == ["global_step2", "global_step4", "global_step6"]  # nothing pruned, nothing after
+    assert ckpt_names.complete_tags(ck) == [
+        "global_step2",
+        "global_step4",
+        "global_step6",
+    ]  # nothing pruned, nothing after
     assert "(global_step6, saved just before the first unhealthy step, is kept but not named)" in msg
 
 
@@ -140,7 +144,7 @@ def test_a_non_finite_last_step_never_reports_finished(trials):
     assert "latest names global_step6" in errors[0]
     assert not events("safety_nan_last", "finished")
     ck = _ck("safety_nan_last")
-    assert (ck / "latest").read_text() == "global_step6" and "global_step8" not in ckpt.complete_tags(ck)
+    assert (ck / "latest").read_text() == "global_step6" and "global_step8" not in ckpt_names.complete_tags(ck)
 
 
 @pytest.mark.multiproc
@@ -154,12 +158,12 @@ def test_a_divergence_without_nan_keeps_the_last_good_checkpoint(trials):
     assert set(errors.values()) == {errors[0]} and errors[0].startswith("Diverged: stopped at step ")
     latest = (_ck(name) / "latest").read_text()
     assert latest == "global_step6" and f"latest names {latest}" in errors[0]
-    tags = ckpt.complete_tags(_ck(name))
+    tags = ckpt_names.complete_tags(_ck(name))
     assert {"global_step4", "global_step6"} <= set(tags)
     last_good = max(r["step"] for r in events(name, "checkpoint"))
     skipped = [r["step"] for r in records(name) if r.get("skipped")]
     assert skipped and last_good < skipped[0]  # nothing saved once steps were being skipped
-    assert all(ckpt.step_of(t) <= last_good for t in tags)
+    assert all(ckpt_names.step_of(t) <= last_good for t in tags)
     assert events(name, "save deferred")  # saves that fell due while skipping waited, and never came
 
 
@@ -214,7 +218,7 @@ def test_a_second_training_on_the_same_directory_is_refused(tmp_path):
         log = _wait(first, 180)
     assert "stopped reason=signal" in log or "finished" in log, log[-3000:]
     assert not (out / "leviathan.lock").exists()  # released at the end
-    assert (out / "checkpoints" / "latest").read_text() in ckpt.complete_tags(out / "checkpoints")
+    assert (out / "checkpoints" / "latest").read_text() in ckpt_names.complete_tags(out / "checkpoints")
 
     # started together: one trains, the other is refused at once
     out2 = tmp_path / "together"
@@ -286,7 +290,7 @@ def test_a_stalled_holder_loses_the_directory_and_writes_nothing(tmp_path):
     assert stale.returncode == 2, log[-3000:]
     assert "this trainer lost its run lock" in log and "stopped without saving" in log, log[-3000:]
     assert {p.name: p.stat().st_mtime_ns for p in (ck / "global_step2").iterdir()} == before
-    assert ckpt.complete_tags(ck) == ["global_step2"] and (ck / "latest").read_text() == "global_step2"
+    assert ckpt_names.complete_tags(ck) == ["global_step2"] and (ck / "latest").read_text() == "global_step2"
 
 
 def _tree(root: int) -> list[int]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from leviathan_pretrain.rundir import host
-from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
 from leviathan_pretrain.trainer.checkpoint.safe_io import safe_load
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
@@ -162,7 +162,7 @@ def test_skipped_step_leaves_weights_untouched():
     assert valid[2] == valid[3] == valid[4] != valid[5]
     ck = workdir() / "nan_skip" / "checkpoints"
     assert [e["step"] for e in events("nan_skip", "save deferred")] == [3, 4]
-    assert ckpt.complete_tags(ck)[:3] == ["global_step1", "global_step2", "global_step5"]
+    assert ckpt_names.complete_tags(ck)[:3] == ["global_step1", "global_step2", "global_step5"]
     first = safe_load(ck / "global_step5/mp_rank_00_model_states.pt")["module"]
     assert sum(torch.is_tensor(v) for v in first.values()) > 10
 
@@ -198,7 +198,7 @@ def test_divergence_stops_without_saving(tmp_path):
     assert last.startswith("error: stopped at step 5: 3 consecutive non-finite steps"), last
     # nothing saved while skipping (3, 4, 5); step 3 was the first measured with step 2's weights and it was not
     # healthy, so latest goes back to global_step1, the newest confirmed checkpoint; global_step2 stays on disk
-    assert ckpt.complete_tags(out / "checkpoints") == ["global_step1", "global_step2"]
+    assert ckpt_names.complete_tags(out / "checkpoints") == ["global_step1", "global_step2"]
     assert (out / "checkpoints/latest").read_text() == "global_step1"
     assert "latest names global_step1" in last and "(global_step2, saved just before" in last
 

@@ -34,6 +34,7 @@ from leviathan_pretrain.parallel.groups import (
 )
 from leviathan_pretrain.rundir import host
 from leviathan_pretrain.rundir.layout import RunLayout
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names
 from leviathan_pretrain.trainer.checkpoint import resume as ckpt_resume
 from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord, ParallelLayout
@@ -63,12 +64,12 @@ def collective_check(fn, *args):
     if dist.get_rank() == 0:
         try:
             box[1] = fn(*args)
-        except (ConfigError, ShardError, ckpt.CheckpointError) as e:
+        except (ConfigError, ShardError, ckpt_names.CheckpointError) as e:
             box[0] = (type(e).__name__, str(e))
     dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
         kind, msg = box[0]
-        raise {"ConfigError": ConfigError, "ShardError": ShardError}.get(kind, ckpt.CheckpointError)(msg)
+        raise {"ConfigError": ConfigError, "ShardError": ShardError}.get(kind, ckpt_names.CheckpointError)(msg)
     return box[1]
 
 
@@ -155,7 +156,7 @@ class Trainer:
             if removed:
                 print(
                     f"[train] removed interrupted checkpoint save(s) {', '.join(removed)} (marked "
-                    f"{ckpt.SAVING}, never completed)",
+                    f"{ckpt_names.SAVING}, never completed)",
                     flush=True,
                 )
             layout.config.write_text(json.dumps(to_dict(cfg), indent=1))
@@ -211,7 +212,7 @@ class Trainer:
         record = CheckpointRecord(
             config=to_dict(cfg),
             **self.state.state_dict(),
-            tag=ckpt.tag_for(step),
+            tag=ckpt_names.tag_for(step),
             tokenizer_sha256=self.tok_sha,
             tokenizer_fingerprint=self.tok_fp,
             model_layout=LAYOUT_VERSION,
@@ -221,8 +222,8 @@ class Trainer:
         check = self.locks.check if self.locks is not None else None  # rank 0: still the run directory's owner
         ckpt.save(self.eng.ds, self.cdir, record, cfg.checkpoint.keep_last, check=check, protect=self.confirmed)
         set_group_timeouts(cfg.parallel.timeout_minutes)
-        self.saved, self.save_due = ckpt.tag_for(step), False
-        self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt.tag_for(step)))
+        self.saved, self.save_due = ckpt_names.tag_for(step), False
+        self.metrics.event(step, "checkpoint", dir=str(self.cdir / ckpt_names.tag_for(step)))
 
     def validate(self) -> float:
         t = self.cfg.train
@@ -303,7 +304,7 @@ class Trainer:
         bad = not applied or not is_finite(loss)
         st.skipped_steps += bad
         stop = self.guard.update(st.step, before, applied, loss, gnorm)
-        if self.guard.healthy and self.saved is not None and ckpt.step_of(self.saved) == st.step - 1:
+        if self.guard.healthy and self.saved is not None and ckpt_names.step_of(self.saved) == st.step - 1:
             self.confirmed = self.saved  # its weights gave a healthy step
         if stop is not None:
             raise self.diverged(stop)

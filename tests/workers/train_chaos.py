@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from leviathan_pretrain.trainer import loop  # noqa: E402
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names  # noqa: E402
 from leviathan_pretrain.trainer.checkpoint import safe_io, store  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -54,7 +55,7 @@ def die(what: str) -> None:
 def install(rank: int, phase: str, step: int, nth: int) -> None:
     if phase not in PHASES:
         raise SystemExit(f"LEV_TEST_CHAOS: unknown phase {phase!r} (one of {', '.join(PHASES)})")
-    tag = store.tag_for(step)
+    tag = ckpt_names.tag_for(step)
 
     train_step = loop.Trainer.train_step
 
@@ -99,9 +100,9 @@ def install(rank: int, phase: str, step: int, nth: int) -> None:
         atomic_write = store._atomic_write
 
         def _atomic_write(path, text, *a, **k):
-            if Path(path).name == store.LATEST and str(text).strip() == tag:
-                meta = (Path(path).parent / tag / store.META).is_file()
-                die(f"commit {tag}: before replacing latest ({store.META} written: {meta})")
+            if Path(path).name == ckpt_names.LATEST and str(text).strip() == tag:
+                meta = (Path(path).parent / tag / ckpt_names.META).is_file()
+                die(f"commit {tag}: before replacing latest ({ckpt_names.META} written: {meta})")
             return atomic_write(path, text, *a, **k)
 
         store._atomic_write = _atomic_write

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from leviathan_pretrain.data import datasets as tdata  # noqa: E402
+from leviathan_pretrain.trainer.checkpoint import names as ckpt_names  # noqa: E402
+from leviathan_pretrain.trainer.checkpoint import safe_io  # noqa: E402
 from leviathan_pretrain.trainer.checkpoint import store as ckpt  # noqa: E402
 from tests.workers.inject import nan_loss  # noqa: E402
 
@@ -42,10 +44,10 @@ RANK = int(os.environ.get("RANK", "0"))
 
 kill_step = os.environ.get("LEV_TEST_KILL_IN_SAVE_STEP")
 if kill_step:
-    _save = ckpt.SafeCheckpointEngine.save
+    _save = safe_io.SafeCheckpointEngine.save
 
     def save(self, state_dict, path):
-        if RANK == 0 and f"{ckpt.TAG_PREFIX}{kill_step}" in str(path):
+        if RANK == 0 and f"{ckpt_names.TAG_PREFIX}{kill_step}" in str(path):
             buf = io.BytesIO()
             torch.save(state_dict, buf)
             with open(path, "wb") as f:
@@ -55,7 +57,7 @@ if kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
         return _save(self, state_dict, path)
 
-    ckpt.SafeCheckpointEngine.save = save
+    safe_io.SafeCheckpointEngine.save = save
 
 bad_rank = os.environ.get("LEV_TEST_BAD_TOKEN_RANK")
 if bad_rank is not None and int(bad_rank) == RANK:
@@ -154,7 +156,7 @@ if kill_latest_step and RANK == 0:
     _atomic_write = ckpt._atomic_write
 
     def atomic_write(path, text):
-        if Path(path).name == ckpt.LATEST and text == ckpt.tag_for(int(kill_latest_step)):
+        if Path(path).name == ckpt_names.LATEST and text == ckpt_names.tag_for(int(kill_latest_step)):
             os.kill(os.getpid(), signal.SIGKILL)
         return _atomic_write(path, text)
 
