@@ -157,6 +157,7 @@ def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int,
     """A BPE tokenizer.model trained on a seeded ``sample_mb`` MB sample of minipile train, cached."""
     key = code_key(
         "train_tokenizer.py",
+        "tokenizer_training.py",
         "sources.py",
         "pile_sets.py",
         "input_files.py",
