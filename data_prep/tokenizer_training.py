@@ -1,113 +1,39 @@
-"""Train a tokenizer on a bounded, seeded random sample of documents: SentencePiece (default) or, with --kind bpe,
-a byte-level BPE tokenizer.json with the Hugging Face tokenizers library (GPT-2 / GPT-NeoX / Llama 3 style).
+"""Tokenizer training on a seeded, bounded sample (:mod:`data_prep.tokenizer_sample`): the options of
+``python -m data_prep.train_tokenizer`` (:class:`TokenizerTrainingOptions`), SentencePiece's training, the byte-level
+BPE's (:mod:`data_prep.train_bpe`) for ``--kind bpe``, and the files written.
 
-  python -m data_prep.train_tokenizer --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --out tok/
-  python -m data_prep.train_tokenizer --kind bpe --input 'pile/train/0[0-2].jsonl.zst' --vocab-size 50000 --out bpe/
+SentencePiece's model settings: BPE (or unigram), byte fallback, digits split, identity normalization, whitespace
+kept as is (no extra-space removal, no dummy prefix, whitespace-only pieces allowed) so any UTF-8 text - code
+included - decodes back exactly; unk=0, bos=1, eos=2 (the end-of-document token data_prep.tokenize appends), no pad.
+The sample is fed to it line by line (lines longer than ``max_line_bytes`` are cut).
 
-One pass over the inputs keeps a uniform random sample of documents within --sample-bytes (bottom-k
-reservoir over seeded random keys: memory stays at the budget, the sample depends only on the seed
-and the input order). Documents longer than --max-doc-bytes contribute a seeded random window; input
-records longer than --max-record-bytes are skipped (record_too_long) without being held in memory.
-The sample is fed to SentencePiece line by line (lines longer than --max-line-bytes are cut).
-
-Model settings: BPE (or --model-type unigram), byte fallback, digits split, identity normalization,
-whitespace kept as is (no extra-space removal, no dummy prefix, whitespace-only pieces allowed) so
-any UTF-8 text - code included - decodes back exactly; unk=0, bos=1, eos=2 (the end-of-document
-token data_prep.tokenize appends), no pad.
-
---kind bpe: the ByteLevel pre-tokenizer over the 256 byte symbols (any UTF-8 text round-trips), <|endoftext|> as
-the EOD (the one special token, plus --user-defined-symbols), no BOS/EOS template; writes DIR/tokenizer.json and
-DIR/tokenizer_meta.json (--model-type, --character-coverage are SentencePiece's).
-
-Writes DIR/tokenizer.model, DIR/tokenizer.vocab and DIR/tokenizer_meta.json (settings, sample
-provenance: inputs with sha256, seed, documents/bytes seen and sampled, per-set counts, sample sha256).
-The vocabulary comes out at exactly --vocab-size or the command fails: if the sample is too small for
-it, the error says how many pieces it supports; raise --sample-bytes. Measured on the minipile corpus:
-50k needs ~1 MB of text, 100k ~3 MB, 200k ~8-10 MB; the Pile is far more diverse, and 200k on a
-256 MB sample is fine. SentencePiece's BPE trainer uses ~12x the sample size in memory.
+Writes DIR/tokenizer.model, DIR/tokenizer.vocab and DIR/tokenizer_meta.json (settings, sample provenance: inputs
+with sha256, seed, documents/bytes seen and sampled, per-set counts, sample sha256); ``--kind bpe`` writes
+DIR/tokenizer.json and DIR/tokenizer_meta.json. The file that makes a tokenizer usable is written last. The
+vocabulary comes out at exactly ``vocab_size`` or training fails with a :class:`common.cli.UserError` that says
+how many pieces the sample supports.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import heapq
 import io
 import os
-import random
 import re
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sentencepiece as spm
 
-from common import cli
-from common.cli import UserError, run_main
+from common.cli import UserError
 from common.fileio import write_bytes_atomic, write_json_atomic
-from data_prep.console import human_bytes, log, per_file, set_log_prefix
-from data_prep.input_files import expand_inputs
-from data_prep.pile_sets import NO_SET, PRESETS, SetFilter, make_set_filter
-from data_prep.sources import FileReader
+from data_prep.console import human_bytes, log
+from data_prep.tokenizer_sample import Sample, draw_sample
 
 FILES = ("tokenizer.model", "tokenizer.vocab", "tokenizer_meta.json")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m data_prep.train_tokenizer",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="input files or globs")
-    ap.add_argument("--vocab-size", type=int, required=True, help="exact vocabulary size, e.g. 50000")
-    cli.add_out(ap, "output directory", old=("--output",), dest="output", metavar="DIR", required=True)
-    ap.add_argument(
-        "--kind",
-        default="sentencepiece",
-        choices=("sentencepiece", "bpe"),
-        help="sentencepiece: tokenizer.model (default); bpe: a byte-level BPE tokenizer.json (tokenizers library)",
-    )
-    ap.add_argument("--model-type", default="bpe", choices=("bpe", "unigram"), help="SentencePiece's model type")
-    ap.add_argument(
-        "--sample-bytes", type=float, default=256.0, metavar="MB", help="text sampled for training, in MB (default 256)"
-    )
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    ap.add_argument(
-        "--max-doc-bytes",
-        type=float,
-        default=100.0,
-        metavar="KB",
-        help="longer documents contribute a random window of this size (default 100 KB)",
-    )
-    ap.add_argument(
-        "--max-line-bytes",
-        type=int,
-        default=4096,
-        help="longer lines are cut into pieces of at most this many bytes (default 4096)",
-    )
-    ap.add_argument(
-        "--max-record-bytes",
-        type=float,
-        default=512.0,
-        metavar="MB",
-        help="skip (as record_too_long) an input jsonl line / text record longer than this, "
-        "without holding it in memory (default 512 MB)",
-    )
-    ap.add_argument("--character-coverage", type=float, default=0.9999)
-    ap.add_argument("--user-defined-symbols", default="", help="comma-separated extra pieces")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="trainer threads")
-    ap.add_argument("--json-key", default="text")
-    ap.add_argument("--format", default="auto", choices=("auto", "jsonl", "text"))
-    ap.add_argument("--text-unit", default="file", choices=("file", "line", "paragraph"))
-    ap.add_argument("--include-sets", nargs="+", metavar="SET")
-    ap.add_argument("--exclude-sets", nargs="+", metavar="SET")
-    ap.add_argument("--preset", choices=sorted(PRESETS))
-    cli.add_overwrite(ap, "replace an existing DIR/tokenizer.model (DIR/tokenizer.json with --kind bpe)")
-    ap.add_argument("--verbose", action="store_true", help="show SentencePiece's own training log")
-    return ap
 
 
 @dataclass
@@ -159,39 +85,6 @@ class TokenizerTrainingOptions:
         return max(1, int(self.max_record_bytes * 1e6))
 
 
-class Reservoir:
-    """Bottom-k (by seeded random key) sample of documents under a byte budget."""
-
-    def __init__(self, budget: int, max_doc: int, seed: int):
-        self.budget, self.max_doc = budget, max_doc
-        self.rng = random.Random(seed)
-        self.heap: list = []  # (-key, order, doc bytes, set name)
-        self.bytes = 0
-        self.seen_docs = 0
-        self.seen_bytes = 0
-
-    def offer(self, order: tuple, doc: bytes, name) -> None:
-        self.seen_docs += 1
-        self.seen_bytes += len(doc)
-        key = self.rng.random()
-        if len(doc) > self.max_doc:
-            start = int(self.rng.random() * (len(doc) - self.max_doc))
-            doc = doc[start : start + self.max_doc]
-            nl = doc.find(b"\n")
-            if start and 0 <= nl < len(doc) - 1:
-                doc = doc[nl + 1 :]
-        if self.heap and self.bytes + len(doc) > self.budget and -self.heap[0][0] < key:
-            return  # would be evicted at once
-        heapq.heappush(self.heap, (-key, order, doc, name))
-        self.bytes += len(doc)
-        while self.bytes > self.budget and len(self.heap) > 1:
-            _, _, d, _ = heapq.heappop(self.heap)
-            self.bytes -= len(d)
-
-    def sample(self) -> list:
-        return sorted(((o, d, n) for _, o, d, n in self.heap), key=lambda t: t[0])
-
-
 def sentences(sample: list, max_line: int):
     step = max(1, max_line // 4)  # chars; <= max_line bytes in UTF-8
     for _, doc, _ in sample:
@@ -205,72 +98,8 @@ def sentences(sample: list, max_line: int):
                     yield line[i : i + step]
 
 
-@dataclass
-class Sample:
-    """The documents drawn for training and where they came from."""
-
-    reservoir: Reservoir
-    docs: list  # (order, document bytes, set name), in input order
-    inputs: list  # per input file: path, bytes, sha256, records, documents, skips
-    skipped: Counter
-    set_filter: SetFilter
-    sha256: str = ""  # of the sample: length-prefixed documents, in order
-    sets: dict = field(default_factory=dict)  # documents per set
-    seconds: float = 0.0  # reading and sampling
-
-
-def draw_sample(opts: TokenizerTrainingOptions) -> Sample:
-    """One pass over the inputs into the seeded reservoir; UserError if nothing usable is left."""
-    t0 = time.monotonic()
-    inputs = expand_inputs(opts.input)
-    sf = make_set_filter(opts.include_sets, opts.exclude_sets, opts.preset)
-    res = Reservoir(int(opts.sample_bytes * 1e6), int(opts.max_doc_bytes * 1e3), opts.seed)
-    in_meta, skipped = [], Counter()
-    for fi, path in enumerate(inputs):
-        r = FileReader(
-            path,
-            fmt=opts.format,
-            json_key=opts.json_key,
-            text_unit=opts.text_unit,
-            set_filter=sf,
-            max_record_bytes=opts.max_record,
-        )
-        seq = 0
-        for batch in r.batches():
-            for doc, sid in zip(batch.units, batch.set_ids):
-                res.offer((fi, seq), doc, r.set_names[sid])
-                seq += 1
-        st = r.stats
-        skipped.update(st.skipped)
-        in_meta.append(
-            {
-                "path": os.path.abspath(path),
-                "bytes": st.bytes,
-                "sha256": st.sha256,
-                "records": st.records,
-                "documents": st.documents,
-                "skipped": dict(st.skipped),
-                "filtered_sets": dict(st.filtered),
-            }
-        )
-        if per_file(fi, len(inputs)):
-            log(f"read {path} ({fi + 1}/{len(inputs)}): {st.documents:,} docs (sample so far {human_bytes(res.bytes)})")
-    sample = Sample(res, res.sample(), in_meta, skipped, sf)
-    if not sample.docs:
-        raise UserError("no usable documents in the inputs (all skipped or filtered)")
-    h = hashlib.sha256()
-    sets: Counter = Counter()
-    for _, doc, name in sample.docs:
-        h.update(len(doc).to_bytes(8, "little"))
-        h.update(doc)
-        sets[NO_SET if name is None else name] += 1
-    sample.sha256, sample.sets = h.hexdigest(), dict(sorted(sets.items()))
-    sample.seconds = time.monotonic() - t0
-    return sample
-
-
 def trainer_settings(opts: TokenizerTrainingOptions) -> dict:
-    """SentencePieceTrainer settings (see the module docstring)."""
+    """SentencePieceTrainer settings (the model settings in the module docstring)."""
     settings = dict(
         model_type=opts.model_type,
         vocab_size=opts.vocab_size,
@@ -364,7 +193,7 @@ def tokenizer_meta(
     }
 
 
-def write_tokenizer(out: Path, proto: bytes, sp: spm.SentencePieceProcessor, meta: dict) -> None:
+def write_sentencepiece(out: Path, proto: bytes, sp: spm.SentencePieceProcessor, meta: dict) -> None:
     """meta, vocab, then the model: a tokenizer.model present means the three are complete."""
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "tokenizer_meta.json", meta)
@@ -401,7 +230,7 @@ def train(opts: TokenizerTrainingOptions) -> dict:
     }
     meta = tokenizer_meta(opts, sample, settings, proto, info, t_train)
     out = Path(opts.output)
-    write_tokenizer(out, proto, sp, meta)
+    write_sentencepiece(out, proto, sp, meta)
     log(
         f"wrote {out / 'tokenizer.model'} ({opts.model_type}, {sp.vocab_size():,} pieces, eos/EOD id "
         f"{sp.eos_id()}) in {time.monotonic() - t0:.1f} s (sampling {sample.seconds:.1f} s, training {t_train:.1f} s)"
@@ -429,13 +258,3 @@ def _train_bpe(opts: TokenizerTrainingOptions, sample: Sample, t0: float) -> dic
         f"training {t_train:.1f} s)"
     )
     return meta
-
-
-def main(argv=None) -> int:
-    set_log_prefix("data_prep.train_tokenizer")
-    train(TokenizerTrainingOptions.from_args(build_parser().parse_args(argv), argv))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main))

@@ -158,6 +158,7 @@ def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int,
     key = code_key(
         "train_tokenizer.py",
         "tokenizer_training.py",
+        "tokenizer_sample.py",
         "sources.py",
         "pile_sets.py",
         "input_files.py",
