@@ -147,7 +147,7 @@ def test_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def minipile_dir(test_cache) -> Path:
     """The make_corpus corpus (all three sources): train/00.jsonl.zst, val.jsonl.zst, test.jsonl.zst."""
-    key = code_key("make_corpus.py")
+    key = code_key("make_corpus.py", "small_corpus.py")
     return build_once(
         test_cache, f"minipile-{key}", lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600)
     )
