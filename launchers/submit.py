@@ -21,6 +21,7 @@ from launchers.prep_eval_jobs import eval_stage, prep_stage
 from launchers.sbatch import Launch
 from launchers.submit_checks import active_jobs, need_sbatch, prepared
 from leviathan_pretrain.config import ConfigError, load_config
+from leviathan_pretrain.rundir.layout import LOGS as LOGS_DIR
 from leviathan_pretrain.rundir.layout import RunLayout
 
 
@@ -43,7 +44,7 @@ def submit_train(
             f"{run_dir}: job {', '.join(live)} of this run is still queued or running; "
             "wait for it or scancel it (two jobs would train into one checkpoint directory)"
         )
-    (run_dir / records.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     d, config_path = job_dir(run_dir, cfg)
     script_path = write_script(d, sbatch.train_script(res, launch, str(run_dir), str(config_path), log))
     print(plan_text)
@@ -96,7 +97,7 @@ def cmd_sweep(req: Request) -> int:
     live = [j for _, s, _ in elems for j in active_jobs(sweep_dir / s)]
     if live:
         raise Refused(f"{sweep_dir}: job {', '.join(live)} of this sweep is still queued or running")
-    (sweep_dir / records.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    (sweep_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     arrays, configs = [], []
     for _, stem, cfg in elems:
         _, config_path = job_dir(sweep_dir / stem, cfg)
@@ -115,7 +116,7 @@ def cmd_sweep(req: Request) -> int:
             launch,
         )
     print(
-        f"submitted job array {array_id} ({len(elems)} elements)\n  logs:   {sweep_dir / records.LOGS_DIR}\n"
+        f"submitted job array {array_id} ({len(elems)} elements)\n  logs:   {sweep_dir / LOGS_DIR}\n"
         f"  tensorboard: tensorboard --logdir {shlex.quote(str(sweep_dir))}\n"
         f"  status: python -m launchers.slurm status {shlex.quote(str(sweep_dir))}"
     )
@@ -142,7 +143,7 @@ def cmd_pipeline(req: Request) -> int:
     need_sbatch()
     job = job_of(req, job_name, launch)
     prepared(job, req.config, run_dir, need_data=not prep)  # refuse before anything is queued
-    (run_dir / records.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     dependency = None
     if prep:
         path = write_script(job_dir(run_dir)[0], prep.script)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from launchers import records, run_status, slurm_query, status
+from leviathan_pretrain.rundir.layout import LOGS as LOGS_DIR
 from leviathan_pretrain.trainer.checkpoint import names as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def no_slurm(tmp_path, monkeypatch):
 
 def make_run(run: Path, config: Path | None = None, jobs=("1000", "1001"), steps=25, ckpt_dir: Path | None = None):
     """A run directory as launchers.slurm and the trainer leave it (``steps=0``: nothing written yet)."""
-    log = run / records.LOGS_DIR / f"train-{jobs[-1]}.out"
+    log = run / LOGS_DIR / f"train-{jobs[-1]}.out"
     for i, job in enumerate(jobs):
         rec = {"job_id": job, "kind": "train", "submitted": f"2025-01-0{i + 1}T10:00:00", "log": str(log)}
         records.append_record(run, {**rec, "config": str(config or run / "slurm" / "none.yaml"), "argv": []})
