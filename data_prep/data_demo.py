@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import cli
 from common.cli import UserError, run_main
-from data_prep import make_corpus, tokenize_cli, train_tokenizer
+from data_prep import small_corpus, tokenize_cli, train_tokenizer
 from data_prep.console import human_bytes
 from data_prep.manifest import Manifest
 
@@ -53,9 +53,9 @@ def step_corpus(out: Path, max_mb: float | None, force: bool = False) -> dict:
         return paths
     tmp = out / "corpus.tmp"
     for d in (tmp, corpus):  # only make_corpus's own files, only in a dir it marked
-        make_corpus.clear_corpus(d)
+        small_corpus.clear_corpus(d)
         _remove_empty_dir(d)
-    make_corpus.build(
+    small_corpus.build(
         tmp, sources=["github"], val_fraction=0.02, quiet=True, max_bytes=int(max_mb * 1e6) if max_mb else None
     )
     os.replace(tmp, corpus)

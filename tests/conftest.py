@@ -147,7 +147,7 @@ def test_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def minipile_dir(test_cache) -> Path:
     """The make_corpus corpus (all three sources): train/00.jsonl.zst, val.jsonl.zst, test.jsonl.zst."""
-    key = code_key("make_corpus.py")
+    key = code_key("make_corpus.py", "small_corpus.py")
     return build_once(
         test_cache, f"minipile-{key}", lambda tmp: run_module("data_prep.make_corpus", tmp, "--force", timeout=600)
     )
@@ -157,6 +157,8 @@ def _tokenizer(test_cache: Path, minipile_dir: Path, vocab: int, sample_mb: int,
     """A BPE tokenizer.model trained on a seeded ``sample_mb`` MB sample of minipile train, cached."""
     key = code_key(
         "train_tokenizer.py",
+        "tokenizer_training.py",
+        "tokenizer_sample.py",
         "sources.py",
         "pile_sets.py",
         "input_files.py",

@@ -7,7 +7,7 @@ import json
 import pytest
 import sentencepiece as spm
 
-from data_prep.train_tokenizer import Reservoir
+from data_prep.tokenizer_sample import Reservoir
 
 
 def _train(run_cli, src, out, *extra, timeout=300):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers import records, status
+from launchers import records, run_status, slurm_query, status
+from leviathan_pretrain.rundir.layout import LOGS as LOGS_DIR
 from leviathan_pretrain.trainer.checkpoint import names as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def no_slurm(tmp_path, monkeypatch):
 
 def make_run(run: Path, config: Path | None = None, jobs=("1000", "1001"), steps=25, ckpt_dir: Path | None = None):
     """A run directory as launchers.slurm and the trainer leave it (``steps=0``: nothing written yet)."""
-    log = run / records.LOGS_DIR / f"train-{jobs[-1]}.out"
+    log = run / LOGS_DIR / f"train-{jobs[-1]}.out"
     for i, job in enumerate(jobs):
         rec = {"job_id": job, "kind": "train", "submitted": f"2025-01-0{i + 1}T10:00:00", "log": str(log)}
         records.append_record(run, {**rec, "config": str(config or run / "slurm" / "none.yaml"), "argv": []})
@@ -54,7 +55,7 @@ def make_run(run: Path, config: Path | None = None, jobs=("1000", "1001"), steps
 
 def test_report_text(tmp_path):
     run = make_run(tmp_path / "run")
-    text = status.report(run)
+    text = run_status.report(run)
     print(text)
     assert "1001 (train), submitted 2025-01-02T10:00:00" in text.splitlines()[1]
     assert "state     unknown: squeue not found" in text
@@ -83,7 +84,7 @@ def test_json_values_read_back(tmp_path, capsys):
 
 
 def test_slurm_state_without_squeue():
-    s = status.slurm_state("1234")
+    s = slurm_query.slurm_state("1234")
     assert (s["state"], s["known"], s["note"]) == ("unknown", None, "squeue not found")
     keys = {"state", "known", "note", "reason", "elapsed", "time_limit", "restarts", "exit_code", "nodes", "source"}
     assert set(s) == keys and s["nodes"] is None
@@ -91,7 +92,7 @@ def test_slurm_state_without_squeue():
 
 def test_nothing_yet(tmp_path):
     run = make_run(tmp_path / "run", jobs=("7",), steps=0)
-    text = status.report(run)
+    text = run_status.report(run)
     assert "earlier" not in text
     assert f"progress  none yet (no checkpoint in {run / 'checkpoints'})" in text
     assert f"metrics   nothing logged yet in {run / 'tensorboard'}" in text
@@ -101,7 +102,7 @@ def test_nothing_yet(tmp_path):
 def test_broken_latest(tmp_path):
     run = make_run(tmp_path / "run")
     (run / "checkpoints" / ckpt.LATEST).write_text("global_step30")  # no global_step30/leviathan.json
-    assert "progress  checkpoint unreadable:" in status.report(run) and "global_step30" in status.report(run)
+    assert "progress  checkpoint unreadable:" in run_status.report(run) and "global_step30" in run_status.report(run)
 
 
 def test_config_dirs(tmp_path):
@@ -110,14 +111,14 @@ def test_config_dirs(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("train:\n  out_dir: runs/a\ncheckpoint:\n  dir: ckpts/a\n")
     run = make_run(work / "runs" / "a", config=cfg, ckpt_dir=work / "ckpts" / "a")
-    info = status.collect(run)
+    info = run_status.collect(run)
     assert info["config_note"] is None
     assert info["progress"]["checkpoint_dir"] == str((work / "ckpts" / "a").resolve())
     assert info["progress"]["step"] == 20
     cfg.write_text(f"train:\n  out_dir: runs/a\nlogging:\n  tensorboard: false\ncheckpoint:\n  dir: {work}/ckpts/a\n")
-    info = status.collect(run)
+    info = run_status.collect(run)
     assert info["progress"]["step"] == 20 and info["metrics"]["train/loss"] is None
-    assert "TensorBoard logging is off" in status.format_run(info)
+    assert "TensorBoard logging is off" in run_status.format_run(info)
 
 
 def test_sweep(tmp_path, capsys):
@@ -125,7 +126,7 @@ def test_sweep(tmp_path, capsys):
     make_run(sweep / "lev", jobs=("11",))
     make_run(sweep / "tied", jobs=("12",), steps=0)
     (sweep / "not-a-run").mkdir()
-    text = status.report(sweep)
+    text = run_status.report(sweep)
     lines = text.splitlines()
     assert lines[0] == f"sweep {sweep.resolve()}" and lines[1].split() == ["run", "job", "state", "step", "train/loss"]
     assert lines[2].split() == ["lev", "11", "unknown", "20", f"{LOSSES[25]:.4f}"]
@@ -145,15 +146,15 @@ def test_errors(tmp_path, capsys):
     assert status.main([str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(tmp_path / "empty") in err and "jobs.jsonl" in err
-    with pytest.raises(status.StatusError):
-        status.report(missing)
+    with pytest.raises(run_status.StatusError):
+        run_status.report(missing)
 
 
 def test_tail_of_large_file(tmp_path):
     p = tmp_path / "big.log"
     p.write_text("".join(f"{i:08d} " + "x" * 100 + "\n" for i in range(5000)))
-    assert [ln[:8] for ln in status.tail(p, 700)] == [f"{i:08d}" for i in range(4300, 5000)]
-    assert status.tail(p, 0) == [] and status.tail(tmp_path / "big.log", 1)[0].startswith("00004999")
+    assert [ln[:8] for ln in run_status.tail(p, 700)] == [f"{i:08d}" for i in range(4300, 5000)]
+    assert run_status.tail(p, 0) == [] and run_status.tail(tmp_path / "big.log", 1)[0].startswith("00004999")
 
 
 def test_command_line(tmp_path):
