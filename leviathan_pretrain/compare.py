@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from common import cli
-from leviathan_pretrain.comparison.runs import CompareError, load_run, pick_baseline, unique_names, write_comparison
+from leviathan_pretrain.comparison.outputs import write_comparison
+from leviathan_pretrain.comparison.runs import CompareError, load_run, pick_baseline, unique_names
 
 
 def build_parser() -> argparse.ArgumentParser:

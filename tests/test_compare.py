@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathan_pretrain.comparison.runs import relative, tokens_to_reach
+from leviathan_pretrain.comparison.rows import relative, tokens_to_reach
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKETS = ["unseen", "<1e-07", "1e-07..1e-06", "1e-06..1e-05", "1e-05..1e-04", "1e-04..1e-03", ">=1e-03"]

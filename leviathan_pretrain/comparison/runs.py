@@ -1,9 +1,8 @@
-"""The comparison behind ``lev compare`` (``python -m leviathan_pretrain.compare``; docs/compare.md says how each
-number is made): a run directory or an evaluation report as a :class:`Run` (its report with the highest step, its
-config and consumed samples, its training and validation curves and geometry records from ``train_log.jsonl`` or
-TensorBoard events), the baseline among them and names that tell them apart; each run's numbers and their change vs
-the baseline (:func:`build_comparison`); the Markdown, CSV and plots written to ``--out`` (:func:`write_comparison`).
-Bad input is a :class:`CompareError` naming the file (and, for a report, the key).
+"""The runs ``lev compare`` compares (``python -m leviathan_pretrain.compare``; docs/compare.md says how each number
+is made): a run directory or an evaluation report as a :class:`Run` (its report with the highest step, its config
+and consumed samples, its training and validation curves and geometry records from ``train_log.jsonl`` or
+TensorBoard events), the baseline among them, and names that tell them apart. Bad input is a
+:class:`CompareError` naming the file (and, for a report, the key).
 """
 
 from __future__ import annotations
@@ -13,13 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.fileio import write_bytes_atomic
-from leviathan_pretrain.comparison import geometry, plots, tables
-from leviathan_pretrain.comparison.tables import COLUMNS, Comparison, RunRow
-from leviathan_pretrain.config import Config
-from leviathan_pretrain.config.loader import build
+from leviathan_pretrain.comparison import geometry
 from leviathan_pretrain.evaluation.report import EvalReport, ReportError
-from leviathan_pretrain.model.counts import param_breakdown
 from leviathan_pretrain.rundir.layout import RunLayout, is_run_dir
 from leviathan_pretrain.rundir.tb_events import EventsError, read_scalars
 from leviathan_pretrain.rundir.train_log import LOG_NAME, TrainLogError, read_log_values
@@ -199,125 +193,3 @@ def unique_names(runs: list) -> None:
             r.name = f"{r.name}@{r.report.tag or r.report.step}"
         r.name = f"{r.name}#{k + 1}" if r.name in seen else r.name
         seen.add(r.name)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def config_params(run: Run) -> dict | None:
-    """``{"input", "total"}`` from the run config (model/sizes.py's closed form), None when it does not load."""
-    try:
-        cfg = build(Config, run.config)
-        return param_breakdown(cfg.model, cfg.parallel.tensor_parallel)
-    except Exception:  # a config of another version: the counts stay empty
-        return None
-
-
-def run_metrics(run: Run) -> dict:
-    """``{column: value}``: the report's numbers, else what the training log and config give (noted)."""
-    rep, m = run.report, {}
-    if rep is not None:
-        m["total_params"], m["input_params"] = rep.params["total"], rep.params["input_layer"]
-        m["tokens_seen"] = rep.tokens_seen
-    else:
-        if run.config and (counts := config_params(run)):
-            m["total_params"], m["input_params"] = counts["total"], counts["input"]
-            run.notes.append("params from config")
-        seq = ((run.config or {}).get("model") or {}).get("seq_length")
-        if run.train and run.tokens_per_step:  # as far as the log goes (its last validation is the val loss)
-            m["tokens_seen"] = run.train[-1][0] * run.tokens_per_step
-        elif run.consumed_samples is not None and _is_num(seq):
-            m["tokens_seen"] = run.consumed_samples * seq
-    heldout = rep.heldout if rep is not None else []
-    if heldout:
-        m["val_loss"], m["val_ppl"] = heldout[0]["loss"], heldout[0]["ppl"]
-        for h in heldout[1:]:
-            m[f"{h['name']} ppl"] = h["ppl"]
-    elif run.valid:
-        step, loss = run.valid[-1]
-        m["val_loss"], m["val_ppl"] = loss, math.exp(min(loss, 80.0))
-        run.notes.append(f"val from {run.curve_source} step {step}")
-    for b in ((rep and rep.frequency) or {}).get("buckets", []):
-        m[f"ppl[{b['name']}]"] = b["ppl"]
-    wiki, lam = (rep and rep.wikitext) or {}, (rep and rep.lambada) or {}
-    m["wikitext_token_ppl"], m["wikitext_word_ppl"] = wiki.get("token_ppl"), wiki.get("word_ppl")
-    m["lambada_acc"] = lam.get("accuracy")
-    m.update(geometry.metrics(rep, run.geometry))  # the report's (end) and the training log's step 0 (init)
-    return {k: v if v is not None and math.isfinite(v) else None for k, v in m.items()}  # NaN/inf/null: empty
-
-
-def tokens_to_reach(points: list, target: float) -> float | None:
-    """First tokens where the curve [(tokens, loss)] is <= target, linear between the points around the crossing."""
-    prev = None
-    for t, loss in points:
-        if loss <= target:
-            if prev is None:
-                return float(t)
-            (t0, l0) = prev
-            return t0 + (l0 - target) / (l0 - loss) * (t - t0)
-        prev = (t, loss)
-    return None
-
-
-def relative(v, base) -> float | None:
-    """(v - base) / base in percent, None where either is missing or base is 0."""
-    if not (_is_num(v) and _is_num(base)) or base == 0:
-        return None
-    return 100.0 * (v - base) / base
-
-
-def metric_keys(metrics: list) -> tuple[list, list, list]:
-    """The columns of every run's metrics, in table order, which of them are frequency buckets and which are
-    geometry columns (last; only those some run has a value for)."""
-    extra = list(dict.fromkeys(k for m in metrics for k in m if k not in COLUMNS and k not in geometry.GEOMETRY))
-    buckets, geo = [k for k in extra if k.startswith("ppl[")], geometry.present(metrics)
-    keys = [*list(COLUMNS)[:5], *(k for k in extra if k not in buckets), *buckets, *list(COLUMNS)[5:], *geo]
-    return keys, buckets, geo
-
-
-def build_comparison(runs: list, base_i: int, why: str) -> Comparison:
-    """The rows: each run's metrics, their change vs ``runs[base_i]``, the tokens it takes to reach the baseline's
-    final validation loss (the last point of its validation curve). The geometry columns get no change."""
-    metrics = [run_metrics(r) for r in runs]
-    keys, buckets, geo = metric_keys(metrics)
-    curves = [r.curve(r.valid) for r in runs]
-    target = curves[base_i][-1][1] if curves[base_i] else None
-    reach = [tokens_to_reach(c, target) if target is not None else None for c in curves]
-    rows, base = [], metrics[base_i]
-    for i, (r, m, curve, x) in enumerate(zip(runs, metrics, curves, reach)):
-        change = {k: None if i == base_i or k in geo else relative(m.get(k), base.get(k)) for k in keys}
-        ratio = reach[base_i] / x if x and reach[base_i] is not None else None
-        rows.append(RunRow(r, i == base_i, m, change, curve, x, ratio))
-    return Comparison(rows, base_i, why, keys, buckets, target, geo)
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    write_bytes_atomic(path, text.encode())
-    return path
-
-
-def write_outputs(comp: Comparison, text: str, csv_text: str, out: Path) -> list:
-    """``comparison.md`` (``text``), ``comparison.csv`` and the plots in ``out``; the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = [write_atomic(out / "comparison.md", text), write_atomic(out / "comparison.csv", csv_text)]
-    rows, base = comp.rows, comp.base.run
-    pts = [{"name": w.run.name, "valid": w.curve, "train": w.run.curve(w.run.train), "reach": w.reach} for w in rows]
-    written.append(plots.loss_vs_tokens(pts, comp.target, base.name, out / "val_loss_vs_tokens.png"))
-    series = [(w.run.name, [w.metrics.get(k) for k in comp.buckets]) for w in rows]
-    written.append(plots.ppl_by_frequency(comp.bucket_names, series, out / "ppl_by_frequency.png"))
-    if any(w.run.report and w.run.report.wikitext for w in rows):
-        wiki = [(w.run.name, w.metrics.get("wikitext_token_ppl"), w.metrics.get("wikitext_word_ppl")) for w in rows]
-        written.append(plots.wikitext_ppl(wiki, out / "wikitext_ppl.png"))
-    runs = [w.run for w in rows]
-    if geometry.has_records(runs):
-        written.append(plots.geometry_vs_tokens(geometry.series(runs), out / "geometry_vs_tokens.png"))
-    return written
-
-
-def write_comparison(runs: list, base_i: int, why: str, out: Path) -> tuple[str, list]:
-    """The comparison of ``runs`` against ``runs[base_i]`` (``why``: how it was chosen): every output written to
-    ``out``; the Markdown and the paths written."""
-    comp = build_comparison(runs, base_i, why)
-    text = tables.markdown(comp)
-    return text, write_outputs(comp, text, tables.csv_text(comp), out)

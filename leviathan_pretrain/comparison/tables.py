@@ -1,5 +1,5 @@
 """The comparison of ``python -m leviathan_pretrain.compare``: its rows (:class:`RunRow`, :class:`Comparison`) and
-their text, the Markdown tables and the CSV. :mod:`.runs` builds the rows; this one imports nothing of it."""
+their text, the Markdown tables and the CSV. :mod:`.rows` builds the rows; this one imports nothing of it."""
 
 from __future__ import annotations
 
