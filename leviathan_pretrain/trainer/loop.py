@@ -36,6 +36,7 @@ from leviathan_pretrain.rundir import host
 from leviathan_pretrain.rundir.layout import RunLayout
 from leviathan_pretrain.trainer.checkpoint import resume as ckpt_resume
 from leviathan_pretrain.trainer.checkpoint import store as ckpt
+from leviathan_pretrain.trainer.checkpoint.names import step_of
 from leviathan_pretrain.trainer.checkpoint.record import CheckpointRecord, ParallelLayout
 from leviathan_pretrain.trainer.checkpoint.run_lock import LockLost, RunLocks
 from leviathan_pretrain.trainer.engine import build_engine
@@ -303,7 +304,7 @@ class Trainer:
         bad = not applied or not is_finite(loss)
         st.skipped_steps += bad
         stop = self.guard.update(st.step, before, applied, loss, gnorm)
-        if self.guard.healthy and self.saved is not None and ckpt.step_of(self.saved) == st.step - 1:
+        if self.guard.healthy and self.saved is not None and step_of(self.saved) == st.step - 1:
             self.confirmed = self.saved  # its weights gave a healthy step
         if stop is not None:
             raise self.diverged(stop)
