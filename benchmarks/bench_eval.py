@@ -62,11 +62,12 @@ def fresh_request(out: Path, steps: int, nprocs: int):
     """The demo's request for ``steps`` steps into ``out``, its training directory ``out/train`` fresh: one the demo
     (or this benchmark) made is replaced, as ``demo --overwrite`` does; any other is refused, nothing deleted."""
     from leviathan_pretrain import demo
+    from leviathan_pretrain.walkthrough.steps import DemoError, prepare_run_dir
 
     req = demo.parse(["--out", str(out), "--steps", str(steps), "--nprocs", str(nprocs), "logging.log_interval=5"])
     try:
-        demo.prepare_run_dir(req.run_dir, overwrite=True)
-    except demo.DemoError as e:
+        prepare_run_dir(req.run_dir, overwrite=True)
+    except DemoError as e:
         sys.exit(f"error: {e}")
     return req
 
@@ -74,12 +75,12 @@ def fresh_request(out: Path, steps: int, nprocs: int):
 def train_tokens_per_s(out: Path, data, steps: int, nprocs: int) -> float:
     """The demo's training command for ``steps`` steps into ``out/train`` (fresh); the median logged tokens/s
     after the first log interval."""
-    from leviathan_pretrain import demo
     from leviathan_pretrain.rundir import train_log
     from leviathan_pretrain.rundir.layout import RunLayout
+    from leviathan_pretrain.walkthrough.steps import trainer_command
 
     req = fresh_request(out, steps, nprocs)
-    run(demo.trainer_command(req, data), "training")
+    run(trainer_command(req, data), "training")
     rates = [r["perf/tokens_per_s"] for r in train_log.records(RunLayout(req.run_dir).train_log)
              if "perf/tokens_per_s" in r]  # fmt: skip
     if len(rates) < 2:
@@ -106,15 +107,15 @@ def eval_rates(run_dir: Path, ranks: int, args, report: Path) -> dict:
 def main(argv=None) -> int:
     args = parse(argv)
     from data_prep.data_demo import run_demo
-    from leviathan_pretrain import demo
     from leviathan_pretrain.data.tokenizer import open_cached
+    from leviathan_pretrain.walkthrough.steps import Data
 
     tmp = None if args.work else tempfile.mkdtemp(prefix="bench_eval-")
     work = Path(args.work or tmp)
     try:
         made = run_demo(work / "demo")
         tok = made["tokenizer"]
-        data = demo.Data(made["train_prefix"], made["val_prefix"], tok, open_cached(tok).vocab_size)
+        data = Data(made["train_prefix"], made["val_prefix"], tok, open_cached(tok).vocab_size)
         ref = work / "reference"
         print(f"[bench_eval] reference run: {args.steps} steps on {args.nprocs} ranks -> {ref}", flush=True)
         train_tokens_per_s(ref, data, args.steps, args.nprocs)

@@ -14,7 +14,7 @@ PAIRS = [(TIED, "tied-seed2"), (LEV, "lev-seed2"), ("lev-center", "lev-center-se
 
 
 def pct(v, base) -> str:
-    from leviathan_pretrain.compare import relative
+    from leviathan_pretrain.comparison.rows import relative
 
     change = relative(v, base)
     return "" if change is None else f"{change:+.1f}%"

@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from common.exit_codes import EXIT_BAD_INPUT
+from common.exit_codes import EXIT_BAD_INPUT, EXIT_DIVERGED, record_step_code
 from leviathan_pretrain.config import ConfigError, config_arguments, load_config_or_report  # light: no torch
 
 EPILOG = """examples:
@@ -64,8 +64,6 @@ def main(argv=None) -> int:
         warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     # Imported only now (measured ~6 s: torch, megatron-core, DeepSpeed): --help and config errors answer at
     # once, and DS_ACCELERATOR / CUDA_DEVICE_MAX_CONNECTIONS must be set before DeepSpeed and megatron load.
-    from common.exit_codes import EXIT_BAD_INPUT as EXIT_CONFIG
-    from common.exit_codes import EXIT_DIVERGED, record_step_code
     from leviathan_pretrain.data.datasets import ShardError
     from leviathan_pretrain.parallel.groups import destroy_distributed
     from leviathan_pretrain.trainer.checkpoint.names import CheckpointError
@@ -77,7 +75,7 @@ def main(argv=None) -> int:
         code = run(cfg)  # SIGTERM and SIGUSR1 are ignored from its end on (StopSignals.settle)
     except (ConfigError, ShardError, CheckpointError) as e:  # the start-up checks raise these on every rank
         _error(e)
-        code = EXIT_CONFIG
+        code = EXIT_BAD_INPUT
     except Diverged as e:  # the loss is global: every rank stops together
         _error(e)
         code = EXIT_DIVERGED

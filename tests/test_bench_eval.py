@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leviathan_pretrain import demo
+from leviathan_pretrain.walkthrough.steps import DEMO_MARK
 from tests.benchmark_scripts import load
 
 bench = load("bench_eval")
@@ -16,10 +16,10 @@ def test_a_run_is_replaced_only_when_it_is_ours_and_files_beside_it_survive(tmp_
     out.mkdir()
     (out / "notes.txt").write_text("mine")  # the user's, beside the run
     req = bench.fresh_request(out, 30, 2)
-    assert req.run_dir == out / "train" and (out / "train" / demo.DEMO_MARK).is_file()
+    assert req.run_dir == out / "train" and (out / "train" / DEMO_MARK).is_file()
     (out / "train" / "train_log.jsonl").write_text("{}\n")  # a previous measurement
     bench.fresh_request(out, 30, 2)
-    assert sorted(p.name for p in (out / "train").iterdir()) == [demo.DEMO_MARK]
+    assert sorted(p.name for p in (out / "train").iterdir()) == [DEMO_MARK]
     assert (out / "notes.txt").read_text() == "mine"
 
     foreign = tmp_path / "theirs"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from leviathan_pretrain.compare import relative, tokens_to_reach
+from leviathan_pretrain.comparison.rows import relative, tokens_to_reach
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKETS = ["unseen", "<1e-07", "1e-07..1e-06", "1e-06..1e-05", "1e-05..1e-04", "1e-04..1e-03", ">=1e-03"]
@@ -392,8 +392,8 @@ def test_geometry_columns_and_plot(tmp_path):
     assert not [q.name for q in out.iterdir() if q.name.startswith(".")]  # no temporary file left
 
     # what the plot draws: steps to tokens as for the loss curves (x 8 x 128), a line per run, none for untied
-    from leviathan_pretrain.compare import load_run
     from leviathan_pretrain.comparison.geometry import series
+    from leviathan_pretrain.comparison.runs import load_run
 
     drawn = series([load_run(str(r)) for r in (lev, tied, untied)])
     assert drawn[0] == {"name": "lev-a", "cosine": [(s * 1024, c) for s, (c, _) in LEV_GEO.items()],

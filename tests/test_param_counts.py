@@ -84,7 +84,7 @@ def test_trained_and_exported_counts_are_the_models(world, variant):
 def test_evaluate_report_and_console_name_the_same_counts(tmp_path):
     """evaluate's ``_header`` counts at the TP the run trained with; its console table prints model/counts.py's line
     and, per held-out set, the prefix, its documents and target tokens."""
-    from leviathan_pretrain.evaluate import _header, _Scoring
+    from leviathan_pretrain.evaluation.evaluate_run import _header, _Scoring
     from leviathan_pretrain.evaluation.report import console_table
     from leviathan_pretrain.trainer.checkpoint.record import ParallelLayout
 

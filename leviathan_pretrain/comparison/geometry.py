@@ -2,7 +2,7 @@
 from each run's evaluation report (``geometry.input``/``geometry.head``, the end of training) and from its training
 log (``geometry/input/...`` step records: step 0 is the model at init), and the curves of the geometry plot.
 A report without ``geometry`` (older, or ``evaluate --no-geometry``) and a log without such records give empty
-cells. Imports nothing of the command module."""
+cells. Imports nothing of :mod:`.runs` or :mod:`.rows`."""
 
 from __future__ import annotations
 

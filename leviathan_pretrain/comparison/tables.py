@@ -1,5 +1,5 @@
 """The comparison of ``python -m leviathan_pretrain.compare``: its rows (:class:`RunRow`, :class:`Comparison`) and
-their text, the Markdown tables and the CSV. The command module builds the rows; this one imports nothing of it."""
+their text, the Markdown tables and the CSV. :mod:`.rows` builds the rows; this one imports nothing of it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ COLUMNS = {  # key -> (Markdown header, number format); the other heldout sets a
 class RunRow:
     """One run's line of the comparison: its metrics, their change vs the baseline and its tokens to the target."""
 
-    run: object  # leviathan_pretrain.compare.Run: name, its reports and curves
+    run: object  # comparison.runs.Run: name, its reports and curves
     is_baseline: bool
     metrics: dict  # {column: value} (run_metrics)
     change: dict  # {column: percent vs the baseline}, None for the baseline itself or a missing value
