@@ -106,7 +106,7 @@ def eval_rates(run_dir: Path, ranks: int, args, report: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from data_prep.data_demo import run_demo
+    from data_prep.demo_steps import run_demo
     from leviathan_pretrain.data.tokenizer import open_cached
     from leviathan_pretrain.walkthrough.steps import Data
 

@@ -1,6 +1,6 @@
 """The main job on the embedded default corpus: ``python -m leviathan_pretrain.demo`` (what ``make demo`` runs).
 
-1. Prepares the data with ``data_prep.data_demo.run_demo(<out>)`` (``python -m data_prep.data_demo``: a corpus from the
+1. Prepares the data with ``data_prep.demo_steps.run_demo(<out>)`` (``python -m data_prep.data_demo``: a corpus from the
    Python standard library's sources -> SentencePiece tokenizer -> megatron-core train/val shards; steps
    already done are reused).
 2. Trains the ``tiny-cpu`` LEV model on 2 local processes with tensor parallelism 2

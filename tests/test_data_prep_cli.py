@@ -130,7 +130,7 @@ def test_demo_runs_and_reuses_its_steps(tmp_path, run_cli, capsys):
     p = run_cli("data_prep.data_demo", "--out", out, "--max-mb", 3, "--vocab-size", 2000, "--sample-mb", 1, timeout=280)
     for step in ("1/3 corpus", "2/3 tokenizer", "3/3 shards: train", "3/3 shards: val", "done in"):
         assert step in p.stdout, p.stdout
-    from data_prep.data_demo import run_demo
+    from data_prep.demo_steps import run_demo
 
     res = run_demo(out, vocab_size=2000, sample_mb=1, max_mb=3)  # all steps reused
     m = json.load(open(res["train_prefix"] + ".manifest.json"))

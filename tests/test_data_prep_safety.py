@@ -213,7 +213,7 @@ def test_make_corpus_force_replaces_only_its_own_corpus(run_cli, tmp_path):
 
 
 def test_demo_never_deletes_a_corpus_directory_it_did_not_write(tmp_path):
-    from data_prep.data_demo import run_demo
+    from data_prep.demo_steps import run_demo
 
     out = tmp_path / "demo"
     (out / "corpus").mkdir(parents=True)

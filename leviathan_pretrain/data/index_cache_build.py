@@ -170,11 +170,11 @@ def print_report(rep: dict, log=print, verbose: bool = False) -> None:
         f"  index files: {len(built)} built, {len(rep['files']) - len(built)} reused, "
         f"{sum(f['bytes'] for f in rep['files'].values()) / 2**20:,.1f} MiB in all"
     )
-    groups: dict[tuple, list] = {}
+    by_kind: dict[tuple, list] = {}
     for n, f in rep["files"].items():  # HASH-Class-split-what
         _, kind, split, what = n.split("-", 3)
-        groups.setdefault((split, kind, what), []).append(f)
-    for (split, kind, what), fs in groups.items():
+        by_kind.setdefault((split, kind, what), []).append(f)
+    for (split, kind, what), fs in by_kind.items():
         if verbose or not what.endswith(".txt"):
             log(
                 f"    {split:5s} {kind:14s} {what:26s} x{len(fs):<3d} {sum(f['bytes'] for f in fs) / 2**20:10.2f} MiB"

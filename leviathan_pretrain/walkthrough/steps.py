@@ -1,5 +1,5 @@
 """The demo's steps (``python -m leviathan_pretrain.demo``, whose docstring lists them): its request, the data
-(``data_prep.data_demo.run_demo`` or the user's shards), the training directory it marks as its own, and the user's
+(``data_prep.demo_steps.run_demo`` or the user's shards), the training directory it marks as its own, and the user's
 commands it runs as subprocesses (the trainer on local processes, the evaluation on the same processes, the export),
 each skipped, and said so, when its output for the latest checkpoint is already there; the time each step took.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.fileio import read_json
-from data_prep.data_demo import run_demo
+from data_prep.demo_steps import run_demo
 from leviathan_pretrain.data.tokenizer import open_cached
 from leviathan_pretrain.rundir.layout import RunLayout
 
@@ -85,13 +85,13 @@ class Data:
 
 
 def prepare_data(req: Request) -> Data:
-    """Step 1: ``--data-prefix`` as given, else ``data_prep.data_demo.run_demo`` (steps already done are reused)."""
+    """Step 1: ``--data-prefix`` as given, else ``data_prep.demo_steps.run_demo`` (steps already done are reused)."""
     if req.tokenizer and not req.data_prefix:
         raise DemoError("--tokenizer goes with --data-prefix (the demo's own data is encoded with its own tokenizer)")
     if req.data_prefix:
         data = Data(req.data_prefix, None, req.tokenizer, None)
     else:
-        print(f"[demo] data: data_prep.data_demo.run_demo({str(req.out)!r})", flush=True)
+        print(f"[demo] data: data_prep.demo_steps.run_demo({str(req.out)!r})", flush=True)
         made = run_demo(req.out)
         tokenizer = made["tokenizer"]
         data = Data(made["train_prefix"], made["val_prefix"], tokenizer, open_cached(tokenizer).vocab_size)
