@@ -35,10 +35,11 @@ BUILT_FIXTURES = frozenset(
         "trained_run",
     }
 )
-# helpers that start processes (tests/multiproc.py, conftest.py, trained.py, workers/train_common.py), subprocess
+# helpers that start processes (tests/multiproc.py, conftest.py, trained.py, compare_runs.py, workers/train_common.py),
+# subprocess
 PROCESS_HELPERS = re.compile(
     r"\b(run_python|run_ranks|run_module|run_tokenize|subprocess|Popen|dp_tp_runs)\b"
-    r"|\bshard\(\)|tests(\.| import )trained\b"
+    r"|\bshard\(\)|tests(\.| import )(trained|compare_runs)\b"
 )
 
 
