@@ -103,3 +103,18 @@ def test_every_package_docstring_lists_its_modules():
         "a package's docstring is its map (':mod:`.name`  what it owns', one line a module):\n  "
         + "\n  ".join(problems)
     )
+
+
+def test_a_package_init_is_its_map_and_no_code():
+    """Code lives in modules named for it; an ``__init__`` holds the package's docstring, except the two package
+    APIs docs/architecture.md names (and data_prep's ``__version__``)."""
+    allowed = {"leviathan_pretrain/config", "data_prep/tokenizer", "data_prep"}
+    coded = []
+    for init in sorted(p for top in PACKAGES for p in (REPO / top).rglob("__init__.py")):
+        package = init.parent.relative_to(REPO).as_posix()
+        if package in allowed:
+            continue
+        body = [n for n in ast.parse(init.read_text()).body if not isinstance(n, ast.Expr)]
+        if body:
+            coded.append(package)
+    assert not coded, f"these packages' __init__.py hold code: move it into a module named for it: {coded}"
