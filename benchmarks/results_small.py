@@ -159,6 +159,11 @@ def name_records(text: str, study: Path, shown: str, names, records: Path) -> st
     return text
 
 
+def head_commit() -> str:
+    """The repository's checked-out commit, short (the page says which code wrote it)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", default="runs/repro-small", help="the study directory (repro_small.sh --out)")
@@ -212,7 +217,7 @@ def main(argv=None) -> int:
         )
     slurm = {n: t["train"] for n, t in times.items() if n.startswith("slurm:")}
     lines += [f"\nTrained through SLURM: {n[6:]} in {s / 60:.1f} min of wall time." for n, s in slurm.items()]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    commit = head_commit()
     doc = [
         "# A small-scale reproduction of the paper's comparison",
         "",

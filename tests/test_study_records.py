@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 
 import pytest
 
@@ -133,7 +132,7 @@ def test_the_results_page_links_its_plots_from_where_they_are_copied(tmp_path, m
     figures/ beside it, and the repository's plots are left as they are."""
     monkeypatch.syspath_prepend(str(benchmark_scripts.BENCHMARKS))
     page = benchmark_scripts.load("results_small")
-    monkeypatch.setattr(page.subprocess, "run", lambda *a, **kw: SimpleNamespace(stdout="abc1234\n"))  # git's commit
+    monkeypatch.setattr(page, "head_commit", lambda: "abc1234\n")
     assert page.FIGURES.relative_to(page.REPO).as_posix() == "results/small/figures"
     assert page.RECORDS.relative_to(page.REPO).as_posix() == "results/small/runs"
     study = tmp_path / "study"
