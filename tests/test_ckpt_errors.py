@@ -112,7 +112,7 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_file_and_the_run_resum
 READ_ONLY = """
 import sys
 from pathlib import Path
-from leviathan_pretrain.trainer import checkpoint as ckpt
+from leviathan_pretrain.trainer.checkpoint import store as ckpt
 from leviathan_pretrain.trainer.checkpoint.safe_io import safe_save
 d = Path(sys.argv[1])
 rng, latest = d / "global_step6" / "rng_rank00000.pt", d / "latest"
