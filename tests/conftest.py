@@ -335,6 +335,18 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
 
 
+def pytest_runtest_logreport(report):
+    """Every test phase's seconds into ``$LEVIATHAN_TEST_DURATIONS`` (set by scripts/test.sh), written by the
+    controlling process (under xdist the workers' reports reach it); summarized by tests/durations.py."""
+    path = os.environ.get("LEVIATHAN_TEST_DURATIONS")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests import durations
+
+        node = getattr(report, "node", None)  # xdist: the worker that ran it
+        worker = getattr(getattr(node, "gateway", None), "id", "-")
+        durations.record(path, "fast" if tiers.fast_tier() else "integration", worker, report)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real two-node SLURM cluster (tests/slurm_cluster.py: each node a network namespace with its own address and
