@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_PREP = REPO / "data_prep"
+_CPU = pytest.StashKey[float]()  # a test phase's CPU seconds (pytest_runtest_setup/call/teardown below)
 
 
 def code_key(*names: str, extra: str = "") -> str:
@@ -333,6 +335,42 @@ def _fast_tier_guard(monkeypatch):
 def pytest_configure(config):
     # megatron-core warns at import on machines without Transformer Engine / Apex (CPU): expected here.
     config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every process it waited for (its subprocesses and theirs; not the jobs
+    SLURM runs, whose parent is a slurmd)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The phase's CPU seconds (:func:`_cpu_s`) ride on its report to the controlling process (``cpu_s``)."""
+    outcome = yield
+    if _CPU in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", round(item.stash[_CPU], 2)))
 
 
 def pytest_runtest_logreport(report):

@@ -13,47 +13,48 @@ tier's output above it.
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 from pathlib import Path
 
 
 def record(path: str, tier: str, worker: str, report) -> None:
-    """Append ``report``'s phase (a pytest TestReport) to ``path``."""
+    """Append ``report``'s phase (a pytest TestReport; conftest puts its CPU seconds in ``user_properties``)."""
+    cpu = dict(tuple(p) for p in report.user_properties).get("cpu_s", "")
     with open(path, "a") as f:
-        f.write(f"{tier}\t{worker}\t{report.when}\t{report.duration:.2f}\t{report.nodeid}\n")
+        f.write(f"{tier}\t{worker}\t{report.when}\t{report.duration:.2f}\t{cpu}\t{report.nodeid}\n")
 
 
-def read(path: Path) -> list[tuple[str, str, str, float, str]]:
+def read(path: Path) -> list[tuple[str, str, str, float, float, str]]:
+    """(tier, worker, phase, seconds, CPU seconds or 0.0, test id) per line."""
     rows = []
     for line in path.read_text().splitlines():
         parts = line.split("\t")
-        if len(parts) == 5:
-            tier, worker, when, seconds, nodeid = parts
-            rows.append((tier, worker, when, float(seconds), nodeid))
+        if len(parts) == 6:
+            tier, worker, when, seconds, cpu, nodeid = parts
+            rows.append((tier, worker, when, float(seconds), float(cpu or 0), nodeid))
     return rows
 
 
 def summary(rows, top: int = 30) -> str:
-    tests = collections.defaultdict(float)
-    files = collections.defaultdict(float)
-    tiers = collections.defaultdict(float)
-    workers = collections.defaultdict(float)
-    for tier, worker, _when, seconds, nodeid in rows:
-        tests[(tier, nodeid)] += seconds
-        files[(tier, nodeid.split("::", 1)[0])] += seconds
-        tiers[tier] += seconds
-        workers[(tier, worker)] += seconds
-    out = ["[durations] summed test time per tier: " + ", ".join(f"{t} {s:.0f} s" for t, s in tiers.items())]
-    busy = [f"{t}/{w} {s:.0f} s" for (t, w), s in sorted(workers.items()) if w != "-"]
+    tests, files, tiers, workers = ({} for _ in range(4))  # key -> [seconds, CPU seconds]
+    for tier, worker, _when, seconds, cpu, nodeid in rows:
+        name = nodeid.split("::", 1)[0]
+        for table, key in ((tests, (tier, nodeid)), (files, (tier, name)), (tiers, tier), (workers, (tier, worker))):
+            total = table.setdefault(key, [0.0, 0.0])
+            total[0] += seconds
+            total[1] += cpu
+    out = [
+        "[durations] summed test time per tier: "
+        + ", ".join(f"{t} {s:.0f} s (CPU {c:.0f} s)" for t, (s, c) in tiers.items()),
+        "[durations] CPU: the test process and the processes it waited for (a SLURM job's are not counted)",
+    ]
+    busy = [f"{t}/{w} {s:.0f} s" for (t, w), (s, _) in sorted(workers.items()) if w != "-"]
     if busy:
         out.append("[durations] busy time per xdist worker: " + ", ".join(busy))
-    out.append(f"[durations] the {top} slowest tests (setup + call + teardown):")
-    for (tier, nodeid), s in sorted(tests.items(), key=lambda kv: -kv[1])[:top]:
-        out.append(f"  {s:8.1f} s  {tier:<11} {nodeid}")
-    out.append(f"[durations] the {top} slowest files:")
-    for (tier, name), s in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
-        out.append(f"  {s:8.1f} s  {tier:<11} {name}")
+    for what, table in (("tests (setup + call + teardown)", tests), ("files", files)):
+        out.append(f"[durations] the {top} slowest {what}: seconds, CPU seconds")
+        for (tier, name), (s, c) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
+            out.append(f"  {s:8.1f} s {c:8.1f} s  {tier:<11} {name}")
     return "\n".join(out)
 
 
