@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 export LEVIATHAN_TEST_CACHE="$PWD/.cache/tests"
 mkdir -p "$TORCH_EXTENSIONS_DIR" "$LEVIATHAN_TEST_CACHE"
+# Every test's seconds (conftest.py records them), summarized at the end: where the time goes (tests/durations.py)
+export LEVIATHAN_TEST_DURATIONS="$PWD/.cache/test-durations.tsv"
+: > "$LEVIATHAN_TEST_DURATIONS"
 # Two tiers (tests/tiers.py): "fast" (in-process unit tests, one process, no subprocess allowed) and "integration"
 # (multi-process, SLURM, training runs, the tools as processes). LEVIATHAN_TEST_TIER: fast | integration | all
 # (default: fast, then integration; `make test-fast`, `make test-integration`, `make test`).
@@ -36,11 +39,18 @@ PY
 }
 
 # pytest's 5 = "no tests selected" (e.g. PYTEST_ARGS naming one fast file): fine in "all" if the other tier ran
-rc_fast=5 rc_int=5
-if [ "$tier" != integration ]; then fast "$@" && rc_fast=0 || rc_fast=$?; fi
-if [ "$tier" != fast ]; then integration "$@" && rc_int=0 || rc_int=$?; fi  # also after a fast failure: all of it
+rc_fast=5 rc_int=5 walls=()
+t=$SECONDS
+if [ "$tier" != integration ]; then fast "$@" && rc_fast=0 || rc_fast=$?; walls+=("fast $((SECONDS - t)) s"); fi
+t=$SECONDS
+if [ "$tier" != fast ]; then  # also after a fast failure: all of it
+  integration "$@" && rc_int=0 || rc_int=$?
+  walls+=("integration $((SECONDS - t)) s")
+fi
 if [ "$tier" = all ] && [ "$rc_fast" -eq 5 ] && [ "$rc_int" -eq 0 ]; then rc_fast=0; fi
 if [ "$tier" = all ] && [ "$rc_int" -eq 5 ] && [ "$rc_fast" -eq 0 ]; then rc_int=0; fi
+python tests/durations.py "$LEVIATHAN_TEST_DURATIONS" || true  # the summary, also after a failure
+echo "[test] wall time per tier: $(IFS=,; echo "${walls[*]}" | sed 's/,/, /g')"
 [ "$tier" = fast ] && exit "$rc_fast"
 [ "$tier" = integration ] && exit "$rc_int"
 [ "$rc_fast" -ne 0 ] && exit "$rc_fast"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_PREP = REPO / "data_prep"
+_CPU = pytest.StashKey[float]()  # a test phase's CPU seconds (pytest_runtest_setup/call/teardown below)
 
 
 def code_key(*names: str, extra: str = "") -> str:
@@ -271,13 +273,14 @@ def read_corpus():
     return read_jsonl_zst
 
 
-# Tests that share one process under pytest-xdist (scripts/test.sh runs two): a file's tests stay together (its
-# module fixtures are built once), and so do the files named here: the SLURM ones share the session's test cluster
-# (one per process would be two clusters), the trainer ones share tests/workers/train_common.py's cached
-# launches (a file calling one must be listed here, or its process runs them again: tests/test_suite_groups.py).
-# The groups run first, the longest first.
+# Tests that share one process under pytest-xdist (scripts/test.sh runs several): a file's tests stay together (its
+# module fixtures are built once), and so do the files of a group: the trainer ones share
+# tests/workers/train_common.py's cached launches (a file calling one must be listed here, or its process runs them
+# again: tests/test_suite_groups.py). The SLURM files are not grouped: a process that runs one starts a test cluster of
+# its own (the ``slurm_cluster`` fixture: under a second), so they run side by side in different processes, on
+# different clusters. The files in EACH_TEST go test by test: test_slurm_faults.py's faults, each a job on the two
+# nodes that mostly waits on timeouts, run beside the other tests rather than one after the other.
 GROUPS = {
-    "slurm": ("test_repro_small.py", "test_slurm.py", "test_slurm_faults.py", "test_slurm_cluster.py"),
     "trainer": (
         "test_checkpoint.py",
         "test_train.py",
@@ -291,37 +294,55 @@ GROUPS = {
     ),
 }
 GROUP_OF = {f: g for g, files in GROUPS.items() for f in files}
-# then the longest single files (measured in CI): a long one started last would also end the run alone
+EACH_TEST = ("test_slurm_faults.py",)
+# The order the scopes are handed out in: the longest first (measured in CI: the durations summary at the end of
+# make test), so that none of them, started last, ends the run alone; the rest in collection order.
 LONG = (
-    "test_setup_keep_torch.py",
-    "test_tokenizer_kinds_train.py",
+    "trainer",
+    "test_repro_small.py",
+    "test_slurm.py",
     "test_evaluate.py",
+    "test_slurm_faults.py",
+    "test_ckpt_safety.py",
+    "test_chaos.py",
     "test_export_hf.py",
+    "test_setup_keep_torch.py",
+    "test_train_launcher.py",
     "test_tutorial.py",
+    "test_ckpt_errors.py",
+    "test_hf_tokenizer_export.py",
+    "test_tokenizer_kinds_train.py",
 )
 
 
 def _group(nodeid: str) -> str:
+    """The file's group, or the file."""
     name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
     return GROUP_OF.get(name, name)
 
 
+def _scope(nodeid: str) -> str:
+    """What one xdist process runs together: the file's group, or the file, or (EACH_TEST) the test alone."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return nodeid if name in EACH_TEST else _group(nodeid)
+
+
 def pytest_collection_modifyitems(config, items):
     tiers.mark(items)  # the integration marker (tests/tiers.py)
-    order = {g: i for i, g in enumerate((*GROUPS, *LONG))}
+    order = {g: i for i, g in enumerate(LONG)}
     items.sort(key=lambda item: order.get(_group(item.nodeid), len(order)))  # stable: files keep their order
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling with our scopes: a file, or its group. (Its ``loadgroup`` mode cannot be used: with
+    """xdist's scope scheduling with our scopes (:func:`_scope`). (Its ``loadgroup`` mode cannot be used: with
     pytest 9.2 the ``@group`` suffix xdist 3.8.0 writes into a test's ``_nodeid`` no longer reaches its id.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid)
+            return _scope(nodeid)
 
-    config.option.loadscopereorder = False  # our order (the long groups first), not xdist's most-tests-first
+    config.option.loadscopereorder = False  # our order (the long scopes first), not xdist's most-tests-first
     return FileGroups(config, log)
 
 
@@ -337,10 +358,59 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:Transformer Engine and Apex are not installed")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every process it waited for (its subprocesses and theirs; not the jobs
+    SLURM runs, whose parent is a slurmd)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    item.stash[_CPU] = _cpu_s()
+    yield
+    item.stash[_CPU] = _cpu_s() - item.stash[_CPU]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The phase's CPU seconds (:func:`_cpu_s`) ride on its report to the controlling process (``cpu_s``)."""
+    outcome = yield
+    if _CPU in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", round(item.stash[_CPU], 2)))
+
+
+def pytest_runtest_logreport(report):
+    """Every test phase's seconds into ``$LEVIATHAN_TEST_DURATIONS`` (set by scripts/test.sh), written by the
+    controlling process (under xdist the workers' reports reach it); summarized by tests/durations.py."""
+    path = os.environ.get("LEVIATHAN_TEST_DURATIONS")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests import durations
+
+        node = getattr(report, "node", None)  # xdist: the worker that ran it
+        worker = getattr(getattr(node, "gateway", None), "id", "-")
+        durations.record(path, "fast" if tiers.fast_tier() else "integration", worker, report)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real two-node SLURM cluster (tests/slurm_cluster.py: each node a network namespace with its own address and
-    host name) for this session; ``SLURM_CONF`` points the client commands at it; the returned dict also names the
+    host name) for this test process (each xdist process that runs a SLURM test starts its own, in under a second;
+    see GROUPS); ``SLURM_CONF`` points the client commands at it; the returned dict also names the
     nodes (``LEV_TEST_NODES``, comma-separated). If it cannot start, every test using it fails with the reason
     (never skipped); a cluster left by a killed session is cleaned first."""
     from tests import slurm_cluster

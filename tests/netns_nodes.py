@@ -16,6 +16,8 @@ Recipe: shared/notes/field-notes.md ("A real multi-node SLURM cluster on one mac
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -80,6 +82,16 @@ def _used_subnets() -> set[str]:
     return {".".join(a.split(".")[:3]) for a in re.findall(r"\b(\d+\.\d+\.\d+\.\d+)", out)}
 
 
+@contextlib.contextmanager
+def hosts_lock():
+    """/etc/hosts is edited in place (read, filter, write): test processes side by side (xdist workers, each with a
+    cluster of its own) take turns, or one could write back a file without the other's new lines."""
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    with open(REGISTRY / ".hosts.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _record_path(tag: str) -> Path:
     return REGISTRY / f"{tag}.json"
 
@@ -118,7 +130,7 @@ def create(count: int, state: Path, owner: int) -> Nodes:
             _ip("-n", name, "addr", "add", f"{nodes.addr(i)}/24", "dev", "eth0")
             _ip("-n", name, "link", "set", "eth0", "up")
             _ip("-n", name, "link", "set", "lo", "up")
-        with HOSTS.open("a") as f:
+        with hosts_lock(), HOSTS.open("a") as f:
             f.write("".join(f"{nodes.addr(i)} {name} {nodes.hosts_mark}\n" for i, name in enumerate(nodes.names)))
     except BaseException:
         destroy(nodes)
@@ -145,14 +157,15 @@ def set_link(nodes: Nodes, name: str, up: bool) -> None:
 
 
 def _remove_hosts_lines(mark: str) -> None:
-    try:
-        lines = HOSTS.read_text().splitlines(keepends=True)
-    except OSError:
-        return
-    kept = [line for line in lines if not line.rstrip("\n").endswith(mark)]
-    if len(kept) != len(lines):
-        with HOSTS.open("w") as f:  # in place: /etc/hosts may be a bind mount, which a rename cannot replace
-            f.writelines(kept)
+    with hosts_lock():
+        try:
+            lines = HOSTS.read_text().splitlines(keepends=True)
+        except OSError:
+            return
+        kept = [line for line in lines if not line.rstrip("\n").endswith(mark)]
+        if len(kept) != len(lines):
+            with HOSTS.open("w") as f:  # in place: /etc/hosts may be a bind mount, which a rename cannot replace
+                f.writelines(kept)
 
 
 def destroy(nodes: Nodes) -> None:

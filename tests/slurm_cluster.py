@@ -56,7 +56,7 @@ def _ensure_hostname_resolves(host: str) -> None:
     try:
         socket.gethostbyname(host)
     except OSError:
-        with open("/etc/hosts", "a") as f:
+        with netns_nodes.hosts_lock(), open("/etc/hosts", "a") as f:
             f.write(f"127.0.0.1 {host}\n")
 
 

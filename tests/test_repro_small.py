@@ -11,11 +11,14 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
+import zstandard
 
+from tests.conftest import build_once
 from tests.multiproc import REPO, base_env
 
 pytestmark = pytest.mark.multiproc
@@ -23,6 +26,26 @@ SWEEP = [f"sweep/tiny-cpu-{v}" for v in ("tied", "untied", "albert", "lev", "fla
 ONLY = [*SWEEP, "tied-seed2", "lev-seed2", "lev-spec", "lev-lr10", "tied-long", "lev-center-match", "lev-iso"]
 SELECT = ("--runs", " ".join(ONLY))
 RUNS = len(ONLY)  # 13 (of the study's 21: the two-step runs check the pipeline, not the model)
+TRAIN_DOCS = 300  # the study's corpus: make_corpus's first 300 training documents (4.5 MB, every source)
+
+
+@pytest.fixture(scope="module")
+def study_corpus(minipile_dir, test_cache):
+    """make_corpus's corpus with its training split cut to its first :data:`TRAIN_DOCS` documents (the sources come
+    interleaved: 32 PythonDocs, 168 Dictionary, 100 Github), validation and test whole: the dry study's tokenizer
+    samples 2 MB either way, and its per-source shards take seconds instead of the minutes the 84 MB split took
+    (tokenizing --split-by-set is checked on its own in test_data_prep_options.py and test_data_prep_megatron.py)."""
+
+    def build(tmp):
+        (tmp / "train").mkdir()
+        with open(minipile_dir / "train" / "00.jsonl.zst", "rb") as f:
+            lines = zstandard.ZstdDecompressor().stream_reader(f).read().split(b"\n")
+        head = b"".join(line + b"\n" for line in [x for x in lines if x][:TRAIN_DOCS])
+        (tmp / "train" / "00.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(head))
+        for name in ("val.jsonl.zst", "test.jsonl.zst", ".data_prep-corpus.json"):
+            shutil.copyfile(minipile_dir / name, tmp / name)
+
+    return build_once(test_cache, f"study-corpus-{TRAIN_DOCS}-{minipile_dir.name}", build)
 
 
 def repro(out, corpus, records, timeout=1200, select=SELECT) -> subprocess.CompletedProcess:
@@ -48,9 +71,9 @@ def repro(out, corpus, records, timeout=1200, select=SELECT) -> subprocess.Compl
 
 
 @pytest.mark.timeout(1800)  # its commands have their own timeouts (1200 + 300 + 2 x 300 s)
-def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path):
+def test_dry_study_through_the_slurm_sweep(slurm_cluster, study_corpus, tmp_path):
     out, records = tmp_path / "study", tmp_path / "records"
-    p = repro(out, minipile_dir, records)
+    p = repro(out, study_corpus, records)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "launcher: SLURM" in p.stdout and "the variants' sweep" in p.stdout
     rows = list(csv.DictReader(open(out / "compare" / "comparison.csv")))
@@ -113,14 +136,14 @@ def test_dry_study_through_the_slurm_sweep(slurm_cluster, minipile_dir, tmp_path
     subprocess.run(results, cwd=REPO, env=base_env(), check=True, capture_output=True, timeout=300)
     assert doc.read_text().rstrip().endswith("LEV reads as it reads.")
     # resumable: the same command again trains and evaluates nothing
-    p = repro(out, minipile_dir, records, timeout=300)
+    p = repro(out, study_corpus, records, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("steps), skipped") == RUNS and "evaluating" not in p.stdout, p.stdout
     assert (out / "timings.tsv").read_text().splitlines() == timings
     # the study directory gone (a new machine): its runs' records rebuild the same comparison, training nothing
     assert sorted(str(m.parent.relative_to(records)) for m in records.glob("**/record.json")) == sorted(ONLY)
     fresh = tmp_path / "study-again"
-    p = repro(fresh, minipile_dir, records, timeout=300, select=("--only-recorded",))
+    p = repro(fresh, study_corpus, records, timeout=300, select=("--only-recorded",))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("restored from its record") == RUNS and "training (" not in p.stdout
     assert "evaluating" not in p.stdout and not list(fresh.glob("runs/**/checkpoints"))

@@ -1,10 +1,13 @@
 """Small trained runs for the evaluation, export and comparison tests: the real trainer, real minipile shards.
 
 ``trained(name)`` (the ``trained_run`` fixture in conftest) returns the run directory of one of :data:`RUNS`,
-training it on first use (2 ranks, gloo) and caching it under ``$LEVIATHAN_TEST_CACHE/trained/`` keyed by
-a hash of the trainer's code and the data, so a second session reuses it. Each run has checkpoints in the
-layout its name says (``tp2``: two tensor-parallel shards; ``pp2``: pipeline layer files; ``z3dp2``: ZeRO-3
-partitions over two data-parallel ranks), one for every variant, a ``train_log.jsonl`` and TensorBoard events.
+caching it under ``$LEVIATHAN_TEST_CACHE/trained/`` keyed by a hash of the trainer's code and the data, so a second
+session reuses it. The first use trains every run not yet cached, in one launch of 2 ranks (gloo) that trains them
+one after the other (tests/workers/train_runs.py, the trainer's own ``trainer.loop.run``: each rank process pays
+its ~6 s of imports once, not once per run; the evaluation, export and comparison tests use them all). Each run
+has checkpoints in the layout its name says (``tp2``: two tensor-parallel shards; ``pp2``: pipeline layer files;
+``z3dp2``: ZeRO-3 partitions over two data-parallel ranks), one for every variant, a ``train_log.jsonl`` and
+TensorBoard events.
 
 The model: the tiny-cpu body shrunk to 2 layers of width 128 with grouped-query attention (4 heads in 2
 groups) at sequence 128, on the 8k minipile tokenizer; 30 steps of 8 x 128 tokens.
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -61,6 +66,7 @@ TRAINER_CODE = ("model", "trainer", "config/schema.py", "config/loader.py", "par
 
 def _code_key(*extra: str) -> str:
     h = hashlib.sha256("\0".join(extra).encode())
+    h.update((REPO / "tests" / "workers" / "train_runs.py").read_bytes())  # what trains them
     for name in TRAINER_CODE:
         path = REPO / "leviathan_pretrain" / name
         for p in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
@@ -82,20 +88,42 @@ def overrides(name: str, shards: dict, tokenizer: Path, out_dir: Path) -> list[s
 
 
 def train_run(name: str, cache: Path, shards: dict, tokenizer: Path) -> Path:
-    """The run directory of ``name`` (trained once, then reused). Trained in place under a lock (the config it
-    records names its own directory); a directory without ``checkpoints/latest`` is a killed earlier build of
-    this cache and is replaced."""
-    key = _code_key(name, str(shards), str(tokenizer))
-    final = cache / f"{name}-{key}"
+    """The run directory of ``name`` (trained once, then reused). The first call trains every run of :data:`RUNS`
+    not yet cached, in one launch, in place under a lock (the config a run records names its own directory); a
+    directory without ``checkpoints/latest`` is a killed earlier build of this cache and is replaced."""
+    finals = {n: cache / f"{n}-{_code_key(n, str(shards), str(tokenizer))}" for n in RUNS}
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{name}.lock", "w") as lock:
+    with open(cache / ".runs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / "checkpoints" / "latest").is_file():
-            return final
-        shutil.rmtree(final, ignore_errors=True)
-        args = ["-m", "leviathan_pretrain.train", "--config", str(REPO / "configs" / "tiny-cpu-lev.yaml")]
-        run_ranks([*args, *overrides(name, shards, tokenizer, final)], nprocs=2, timeout=420)
-    for old in cache.glob(f"{name}-*"):  # older builds of this run: the code changed since
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+        missing = [n for n, d in finals.items() if not (d / "checkpoints" / "latest").is_file()]
+        if missing:
+            _train(missing, finals, shards, tokenizer, cache)
+    for n, final in finals.items():  # older builds of each run: the code changed since
+        for old in cache.glob(f"{n}-*"):
+            if old != final and old.name[len(n) + 1 :].isalnum():
+                shutil.rmtree(old, ignore_errors=True)
+    return finals[name]
+
+
+def _train(names: list[str], finals: dict, shards: dict, tokenizer: Path, cache: Path) -> None:
+    config = str(REPO / "configs" / "tiny-cpu-lev.yaml")
+    specs = []
+    for n in names:
+        shutil.rmtree(finals[n], ignore_errors=True)
+        specs.append({"name": n, "config": config, "overrides": overrides(n, shards, tokenizer, finals[n])})
+    path = cache / f".runs-{os.getpid()}.json"
+    path.write_text(json.dumps(specs))
+    try:  # ~15 s of imports per rank, then each run's 30 steps in seconds (420 s: a loaded machine)
+        results = run_ranks(["tests/workers/train_runs.py", str(path)], nprocs=2, timeout=420)
+    finally:
+        path.unlink(missing_ok=True)
+    codes = {}
+    for r in results:
+        for line in r.output.splitlines():
+            if line.startswith("RESULT "):
+                rec = json.loads(line[len("RESULT ") :])
+                codes.setdefault(rec["name"], {})[rec["rank"]] = rec.get("code")
+    outputs = "\n".join(f"--- rank {r.rank} ---\n{r.output[-4000:]}" for r in results)
+    for n in names:
+        assert codes.get(n) == {0: 0, 1: 0}, f"trained run {n}: exit codes {codes.get(n)}\n{outputs}"
+        assert (finals[n] / "checkpoints" / "latest").is_file(), f"trained run {n}: no checkpoint\n{outputs}"
