@@ -25,8 +25,8 @@
 # a run with a record made with the same settings is restored from it instead of trained: the study survives a work
 # period whose machine (and OUT) is gone. --records none: neither. --only-recorded: the selection is the runs with a
 # record or trained in OUT; nothing is trained (the page from what exists).
-# --dry: two steps per run, a small evaluation, into OUT (default runs/repro-small-dry): the pipeline end to end in
-# minutes (tests/test_repro_small.py runs it).
+# --dry: two steps per run on one rank (the same global batch, accumulated), a small evaluation, into OUT (default
+# runs/repro-small-dry): the pipeline end to end in minutes (tests/test_repro_small.py runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -177,11 +177,12 @@ use_slurm=0
 if [ "$LAUNCHER" != local ] && command -v sinfo >/dev/null && sinfo -h >/dev/null 2>&1; then use_slurm=1; fi
 if [ "$LAUNCHER" = slurm ] && [ $use_slurm = 0 ]; then echo "error: --launcher slurm: no SLURM cluster answers" >&2; exit 2; fi
 say "launcher: $([ $use_slurm = 1 ] && echo 'SLURM (python -m launchers.slurm)' || echo 'local (launchers/local.py)')"
-CPU=(--nodes 1 --gpus-per-node 0 --tasks-per-node 2 --launch srun)
+RANKS=$([ "$DRY" = 1 ] && echo 1 || echo 2)  # --dry checks the pipeline: one rank a run
+CPU=(--nodes 1 --gpus-per-node 0 --tasks-per-node $RANKS --launch srun)
 
 train_local() {  # name variant steps extra...
   local name=$1 variant=$2 steps=$3; shift 3
-  python launchers/local.py -n 2 -- -m leviathan_pretrain.train --config "configs/tiny-cpu-$variant.yaml" \
+  python launchers/local.py -n $RANKS -- -m leviathan_pretrain.train --config "configs/tiny-cpu-$variant.yaml" \
       "${BODY[@]}" "${DATA_ARGS[@]}" "train.steps=$steps" "train.out_dir=$OUT/runs/$name" "$@"
 }
 

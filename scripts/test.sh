@@ -21,19 +21,26 @@ fast() {
   LEVIATHAN_TEST_TIER=fast python -m pytest -n 0 -m "not integration" "$@"
 }
 
-integration() {
-  # Warm-up: JIT-build DeepSpeed's CPU communication op (deepspeed_shm_comm, 45-90 s on 2 cores) once, here,
-  # so that no test pays for it and no two test processes build it concurrently. A no-op when it is cached.
-  DS_ACCELERATOR=cpu python - <<'PY' || { echo "[test] DeepSpeed CPU op build failed" >&2; return 1; }
+# Warm-up: JIT-build DeepSpeed's CPU communication op (deepspeed_shm_comm, 30-90 s on 2 cores) once, before the
+# integration tier, so that no test pays for it and no two test processes build it concurrently. A no-op when it is
+# cached. With both tiers it builds beside the fast tier, which runs on one core.
+warm_up() {
+  DS_ACCELERATOR=cpu python - <<'PY'
 import time
 t = time.time()
 from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 ShareMemCommBuilder().load(verbose=False)
 print(f"[test] DeepSpeed CPU op deepspeed_shm_comm ready ({time.time() - t:.0f} s)", flush=True)
 PY
-  # Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): the tests' own processes leave about 45%
-  # of two cores idle (ranks waiting on each other, imports on one core). Which tests share a process:
-  # tests/conftest.py (pytest_xdist_make_scheduler).
+}
+warm_pid=""
+
+integration() {
+  if [ -n "$warm_pid" ]; then wait "$warm_pid"; else warm_up; fi \
+    || { echo "[test] DeepSpeed CPU op build failed" >&2; return 1; }
+  # Two test processes (pytest-xdist; LEVIATHAN_TEST_WORKERS, 0 = none): one would leave a core idle while a test
+  # waits (on ranks, on SLURM); a third gains nothing on two cores (measured: 1,430 s against 1,400 s, the cores
+  # 99% busy). Which tests share a process: tests/conftest.py (pytest_xdist_make_scheduler).
   echo "[test] integration tier"
   python -m pytest -n "${LEVIATHAN_TEST_WORKERS:-2}" -m integration "$@"
 }
@@ -41,6 +48,7 @@ PY
 # pytest's 5 = "no tests selected" (e.g. PYTEST_ARGS naming one fast file): fine in "all" if the other tier ran
 rc_fast=5 rc_int=5 walls=()
 t=$SECONDS
+if [ "$tier" = all ]; then warm_up & warm_pid=$!; fi
 if [ "$tier" != integration ]; then fast "$@" && rc_fast=0 || rc_fast=$?; walls+=("fast $((SECONDS - t)) s"); fi
 t=$SECONDS
 if [ "$tier" != fast ]; then  # also after a fast failure: all of it

@@ -107,8 +107,9 @@ def test_every_package_docstring_lists_its_modules():
 
 def test_a_package_init_is_its_map_and_no_code():
     """Code lives in modules named for it; an ``__init__`` holds the package's docstring, except the two package
-    APIs docs/architecture.md names (and data_prep's ``__version__``)."""
-    allowed = {"leviathan_pretrain/config", "data_prep/tokenizer", "data_prep"}
+    APIs docs/architecture.md names (and data_prep's ``__version__``, and leviathan_pretrain's installing of
+    model/deferred_compile.py, which must run before any of its modules imports megatron-core)."""
+    allowed = {"leviathan_pretrain/config", "data_prep/tokenizer", "data_prep", "leviathan_pretrain"}
     coded = []
     for init in sorted(p for top in PACKAGES for p in (REPO / top).rglob("__init__.py")):
         package = init.parent.relative_to(REPO).as_posix()

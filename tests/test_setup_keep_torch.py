@@ -1,6 +1,7 @@
 """scripts/setup.sh --keep-torch: a cluster's venv that already has a torch (its CUDA build) gets every other pin
-and keeps that torch, for real: a fresh venv, torch installed into it by pip and marked as the site's build
-(its dist-info INSTALLER rewritten, which a reinstall would replace), then the set-up script."""
+and keeps that torch, for real: a fresh venv, torch put into it (a copy of the pinned one, :func:`site_torch`) and
+marked as the site's build (its dist-info INSTALLER rewritten, which a reinstall would replace), then the set-up
+script."""
 
 from __future__ import annotations
 
@@ -18,6 +19,32 @@ def setup(venv: Path, *args: str, timeout: float = 600) -> subprocess.CompletedP
     return subprocess.run(
         ["bash", "scripts/setup.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def site_torch(venv: Path) -> None:
+    """Torch into ``venv`` as a site's build: the pinned torch of the interpreter running the tests (scripts/setup.sh's
+    .venv) with the packages it needs to import (its requirements, theirs), copied whole with their dist-info (what pip
+    reads as "installed") and their bytecode: what ``pip install torch==2.13.0`` leaves, in seconds of I/O instead of
+    pip's minute of unpacking and byte-compiling. Copied, never linked: the test rewrites two of torch's files."""
+    from importlib import metadata
+
+    (dest,) = glob.glob(str(venv / "lib" / "python3.*" / "site-packages"))
+    todo, seen, paths = ["torch"], set(), set()
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        name = dist.metadata["Name"].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        site = Path(dist.locate_file(""))
+        # its top-level files and folders (the bin/ scripts, outside site-packages, are left out); one the new venv
+        # has already (its setuptools) is left to pip, which upgrades it as it would have
+        tops = {f.parts[0] for f in dist.files or () if f.parts[0] != ".."}
+        if not any((Path(dest) / t).exists() for t in tops if not t.endswith(".dist-info")):
+            paths |= {site / t for t in tops}
+        todo += [r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].split("!")[0].split("~")[0]
+                 .strip() for r in dist.requires or () if "extra ==" not in r]  # fmt: skip
+    subprocess.run(["cp", "-a", *sorted(map(str, paths)), dest], check=True, timeout=300)
 
 
 def installer(venv: Path) -> str:
@@ -40,8 +67,7 @@ def test_keep_torch_installs_the_rest_and_never_replaces_torch(tmp_path):
     venv = tmp_path / "cluster-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]  # the site's build
-    subprocess.run([*pip, "torch==2.13.0"], check=True, capture_output=True, timeout=300)  # (bytecode: not our job)
+    site_torch(venv)  # the site's build
     (marker,) = glob.glob(str(venv / "lib" / "python3.*" / "site-packages" / "torch-*.dist-info" / "INSTALLER"))
     Path(marker).write_text("site-cuda-build\n")  # what a reinstall by pip would overwrite with "pip"
 

@@ -27,7 +27,7 @@ from tests import slurm_cluster as cluster
 from tests.test_slurm import TERMINAL, job_info, log_text, slurm, submitted, wait_jobs
 
 pytestmark = pytest.mark.multiproc
-STEPS, SAVE, FAULT_AT = 30, 5, 12
+STEPS, SAVE, FAULT_AT = 20, 5, 12
 TIMEOUT_S = 15  # parallel.timeout_minutes = 0.25: every training collective, the stop vote included
 INIT_TIMEOUT_S = 30  # parallel.init_timeout_minutes = 0.5: start-up and checkpoint saves
 SLURMD_TIMEOUT_S = 30  # tests/slurm_cluster.py: SLURM declares a silent node DOWN after this

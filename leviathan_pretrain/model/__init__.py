@@ -14,4 +14,7 @@ and as Triton kernels), :mod:`.inputs` (the baselines: TIED/UNTIED tables, ALBER
 
 The output: :mod:`.head` (the head for every ``model.loss_impl``), :mod:`.loss` (fused chunked linear + cross
 entropy), :mod:`.loss_liger` (Liger-Kernel's). The token vectors' geometry: :mod:`.geometry`.
+
+Start-up: :mod:`.deferred_compile` (megatron-core's ``torch.compile`` decorations made at the first call, installed by
+the package's ``__init__``).
 """
