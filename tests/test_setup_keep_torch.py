@@ -28,6 +28,8 @@ def site_torch(venv: Path) -> None:
     pip's minute of unpacking and byte-compiling. Copied, never linked: the test rewrites two of torch's files."""
     from importlib import metadata
 
+    from packaging.requirements import Requirement
+
     (dest,) = glob.glob(str(venv / "lib" / "python3.*" / "site-packages"))
     todo, seen, paths = ["torch"], set(), set()
     while todo:
@@ -42,8 +44,8 @@ def site_torch(venv: Path) -> None:
         tops = {f.parts[0] for f in dist.files or () if f.parts[0] != ".."}
         if not any((Path(dest) / t).exists() for t in tops if not t.endswith(".dist-info")):
             paths |= {site / t for t in tops}
-        todo += [r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].split("!")[0].split("~")[0]
-                 .strip() for r in dist.requires or () if "extra ==" not in r]  # fmt: skip
+        required = (Requirement(r) for r in dist.requires or ())
+        todo += [r.name for r in required if r.marker is None or r.marker.evaluate({"extra": ""})]  # not extras
     subprocess.run(["cp", "-a", *sorted(map(str, paths)), dest], check=True, timeout=300)
 
 
