@@ -19,12 +19,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 from tests.multiproc import REPO, run_ranks
 
 STEPS = 30
+MARK = ".leviathan-test-run"  # in each run directory this cache trained: the only directories it deletes
 BODY = [
     "model.vocab_size=8000",
     "model.hidden_size=128",
@@ -90,7 +92,8 @@ def overrides(name: str, shards: dict, tokenizer: Path, out_dir: Path) -> list[s
 def train_run(name: str, cache: Path, shards: dict, tokenizer: Path) -> Path:
     """The run directory of ``name`` (trained once, then reused). The first call trains every run of :data:`RUNS`
     not yet cached, in one launch, in place under a lock (the config a run records names its own directory); a
-    directory without ``checkpoints/latest`` is a killed earlier build of this cache and is replaced."""
+    marked directory without ``checkpoints/latest`` is a killed earlier build of this cache and is replaced
+    (:func:`claim`)."""
     finals = {n: cache / f"{n}-{_code_key(n, str(shards), str(tokenizer))}" for n in RUNS}
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".runs.lock", "w") as lock:
@@ -98,18 +101,35 @@ def train_run(name: str, cache: Path, shards: dict, tokenizer: Path) -> Path:
         missing = [n for n, d in finals.items() if not (d / "checkpoints" / "latest").is_file()]
         if missing:
             _train(missing, finals, shards, tokenizer, cache)
-    for n, final in finals.items():  # older builds of each run: the code changed since
-        for old in cache.glob(f"{n}-*"):
-            if old != final and old.name[len(n) + 1 :].isalnum():
-                shutil.rmtree(old, ignore_errors=True)
+    prune(cache, finals)
     return finals[name]
+
+
+def claim(final: Path) -> None:
+    """``final`` made empty and marked as this cache's (:data:`MARK`) before a run is trained into it: a killed
+    earlier build (marked) is replaced; a directory there without the mark is not ours and is refused, untouched."""
+    if final.exists():
+        if not (final / MARK).is_file():
+            raise AssertionError(f"{final} exists and is not a run this test cache trained (no {MARK}): move it away")
+        shutil.rmtree(final)
+    final.mkdir(parents=True)
+    (final / MARK).write_text("a small trained run of tests/trained.py; its cache may delete it\n")
+
+
+def prune(cache: Path, finals: dict) -> None:
+    """Older builds of each run (the code changed since): ``NAME-KEY`` directories marked as this cache's; nothing
+    else in ``cache`` is touched."""
+    for n, final in finals.items():
+        for old in cache.glob(f"{n}-*"):
+            if old != final and re.fullmatch(rf"{re.escape(n)}-[0-9a-f]{{12}}", old.name) and (old / MARK).is_file():
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _train(names: list[str], finals: dict, shards: dict, tokenizer: Path, cache: Path) -> None:
     config = str(REPO / "configs" / "tiny-cpu-lev.yaml")
     specs = []
     for n in names:
-        shutil.rmtree(finals[n], ignore_errors=True)
+        claim(finals[n])
         specs.append({"name": n, "config": config, "overrides": overrides(n, shards, tokenizer, finals[n])})
     path = cache / f".runs-{os.getpid()}.json"
     path.write_text(json.dumps(specs))
