@@ -30,13 +30,13 @@ def lazy_compile(fn=None, **options):
     ``@lazy_compile`` and ``@lazy_compile(**options)``, as ``torch.compile`` is."""
     if fn is None:
         return lambda f: lazy_compile(f, **options)
+    import torch  # loaded already where it decorates: megatron-core has imported it (kept off the per-call path)
+
     compiled = None
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         nonlocal compiled
-        import torch
-
         if torch.compiler.is_compiling():  # an outer torch.compile traces it: inline, as a nested compile is
             return fn(*args, **kwargs)
         if compiled is None:
