@@ -22,7 +22,9 @@ from leviathan_pretrain.trainer.state import TrainState
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
     CONFIG,
+    PART,
     RESHARD_STOP,
+    SCHEDULE,
     dp_tp_runs,
     events,
     losses,
@@ -107,15 +109,16 @@ def test_cleanup_never_touches_what_is_not_ours(tmp_path):
 
 def assert_bitwise_resume(full, part):
     a, b = losses(full), losses(part)
-    assert sorted(a) == sorted(b) == list(range(1, 61))
-    assert [a[s] for s in range(31, 61)] == [b[s] for s in range(31, 61)]  # exact float equality
-    assert events(part, "resumed")[-1]["tag"] == "global_step30"
+    assert sorted(a) == sorted(b) == list(range(1, SCHEDULE + 1))
+    after = range(PART + 1, SCHEDULE + 1)
+    assert [a[s] for s in after] == [b[s] for s in after]  # exact float equality
+    assert events(part, "resumed")[-1]["tag"] == f"global_step{PART}"
     assert events(part, "finished")
 
 
 @pytest.mark.multiproc
 def test_resume_is_bitwise_dp2_zero2():
-    """A DP=2 ZeRO-2 run stopped at step 30 and resumed (fresh processes) logs the uninterrupted losses."""
+    """A DP=2 ZeRO-2 run stopped at step 20 of 40 and resumed (fresh processes) logs the uninterrupted losses."""
     assert dp_tp_runs()["codes"]["dp2_z2_part"] == {0: 75, 1: 75}
     pipe_runs()
     assert_bitwise_resume("dp2_z2_full", "dp2_z2_part")
@@ -132,18 +135,18 @@ def test_resume_is_bitwise_pp2():
 def test_keep_last_and_contents():
     dp_tp_runs()
     d = workdir() / "dp2_z2_full" / "checkpoints"
-    assert ckpt_names.complete_tags(d) == ["global_step50", "global_step60"]  # keep_last=2
-    assert (d / "latest").read_text() == "global_step60"
-    meta = json.loads((d / "global_step60" / ckpt_names.META).read_text())
+    assert ckpt_names.complete_tags(d) == ["global_step30", "global_step40"]  # keep_last=2
+    assert (d / "latest").read_text() == "global_step40"
+    meta = json.loads((d / "global_step40" / ckpt_names.META).read_text())
     assert (meta["step"], meta["consumed_samples"], meta["layout"]) == (
-        60,
-        480,
+        40,
+        320,
         {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 2},
     )
     assert meta["config"]["model"]["variant"] == "lev"
-    assert {p.name for p in (d / "global_step60").glob("rng_rank*.pt")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
-    assert (meta["skipped_steps"], meta["tag"]) == (0, "global_step60")
-    assert "module" in safe_io.safe_load(d / "global_step60" / "mp_rank_00_model_states.pt")  # DeepSpeed's own
+    assert {p.name for p in (d / "global_step40").glob("rng_rank*.pt")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
+    assert (meta["skipped_steps"], meta["tag"]) == (0, "global_step40")
+    assert "module" in safe_io.safe_load(d / "global_step40" / "mp_rank_00_model_states.pt")  # DeepSpeed's own
 
 
 @pytest.mark.multiproc

@@ -24,7 +24,7 @@ from tests.multiproc import REPO, base_env
 
 pytestmark = pytest.mark.multiproc
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-STEPS = 40
+STEPS = 24  # the loss falls by ~2 (9.1 -> 7.1) over these, the preemption at step 10 leaves 14 to resume
 
 
 def slurm(*args, timeout=120, env=None) -> subprocess.CompletedProcess:
@@ -133,10 +133,29 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
     )
     dp = [t for t in short if not t.startswith(("parallel.tensor_parallel", "train.micro_batch_size"))]
     dp += ["parallel.tensor_parallel=1", "train.micro_batch_size=2"]  # DP 2 x micro-batch 2 = global batch 4
-    for name, geometry in (("srun_dp_2n", NODES2), ("srun_dp_1n", CPU2)):
-        out[name] = submitted(
-            slurm("submit", "--config", lev, *geometry, "--launch", "srun", "--run-dir", root / name, *dp)
+    out["srun_dp_2n"] = submitted(
+        slurm("submit", "--config", lev, *NODES2, "--launch", "srun", "--run-dir", root / "srun_dp_2n", *dp)
+    )
+    # its one-node twin also carries the shell syntax: a run directory, a job name and an --env value full of it
+    nasty_dir = root / "nasty" / NASTY
+    out["nasty_dir"] = out["srun_dp_1n_dir"] = nasty_dir
+    out["srun_dp_1n"] = out["nasty"] = submitted(
+        slurm(
+            "submit",
+            "--config",
+            lev,
+            *CPU2,
+            "--launch",
+            "srun",
+            "--run-dir",
+            nasty_dir,
+            "--job-name",
+            "x;$(touch PWNED)'",
+            "--env",
+            "LEV_NASTY=$(touch PWNED);'\"",
+            *dp,
         )
+    )
     prefix = root / "chain" / "data" / "val"
     p = slurm(
         "pipeline",
@@ -165,36 +184,13 @@ def jobs(slurm_cluster, tmp_path_factory, tiny, minipile_dir, tokenizer_model) -
     ids = re.findall(r"submitted (?:preprocessing |evaluation )?job (\d+)", p.stdout)
     assert len(ids) == 3, f"{p.stdout}\n{p.stderr}"
     out["prep"], out["chain"], out["eval"] = ids
-    nasty_dir = root / "nasty" / NASTY
-    out["nasty_dir"] = nasty_dir
-    out["nasty"] = submitted(
-        slurm(
-            "submit",
-            "--config",
-            lev,
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "0",
-            "--launch",
-            "srun",
-            "--run-dir",
-            nasty_dir,
-            "--job-name",
-            "x;$(touch PWNED)'",
-            "--env",
-            "LEV_NASTY=$(touch PWNED);'\"",
-            *[t for t in short if "tensor_parallel" not in t],
-            "train.steps=2",
-        )
-    )
     # preempt the torchrun job once it has logged step 10: what SLURM does at --signal=USR1@LEAD
     deadline = time.monotonic() + 600
     while max(losses(root / "torchrun"), default=0) < 10:
         assert time.monotonic() < deadline, "the torchrun job did not reach step 10"
         time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", out["torchrun"]], check=True, timeout=30)
-    names = ("srun", "torchrun", "deepspeed", "srun_dp_2n", "srun_dp_1n", "sweep", "prep", "chain", "eval", "nasty")
+    names = ("srun", "torchrun", "deepspeed", "srun_dp_2n", "srun_dp_1n", "sweep", "prep", "chain", "eval")
     out["info"] = wait_jobs([out[k] for k in names])
     out["sweep_info"] = wait_jobs([f"{out['sweep']}_0", f"{out['sweep']}_1"])
     return out
@@ -236,7 +232,7 @@ def test_submit_trains_with_the_deepspeed_launcher(jobs, slurm_cluster):
 
 
 def test_srun_data_parallel_across_two_nodes_equals_one_node(jobs, slurm_cluster):
-    runs = {n: jobs["root"] / n for n in ("srun_dp_2n", "srun_dp_1n")}
+    runs = {"srun_dp_2n": jobs["root"] / "srun_dp_2n", "srun_dp_1n": jobs["srun_dp_1n_dir"]}
     for name, run in runs.items():
         info = jobs["info"][jobs[name]]
         assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (name, info, log_text(run)[-3000:])
@@ -323,7 +319,7 @@ def test_nothing_injected(jobs):
     """A run directory, a job name and an --env value full of shell syntax reach the job as literal text."""
     run = jobs["nasty_dir"]
     assert jobs["info"][jobs["nasty"]]["JobState"] == "COMPLETED", log_text(run)[-2000:]
-    assert (run / "checkpoints" / "latest").is_file() and sorted(losses(run)) == [1, 2]
+    assert (run / "checkpoints" / "latest").is_file() and sorted(losses(run)) == list(range(1, 7))
     assert f"run {run}" in log_text(run)
     assert not list(REPO.glob("PWNED")) and not list(jobs["root"].rglob("PWNED")) and not Path("PWNED").exists()
 

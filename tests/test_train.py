@@ -14,6 +14,7 @@ from leviathan_pretrain.trainer.checkpoint.safe_io import safe_load
 from tests.multiproc import REPO, base_env
 from tests.workers.train_common import (
     CONFIG,
+    SCHEDULE,
     dp_tp_runs,
     events,
     four_process_runs,
@@ -127,8 +128,8 @@ def test_geometry_at_init_is_read_the_same_at_every_layout():
     assert abs(lev["geometry/head/cosine"]) < 0.01  # the untied head: a N(0, 0.02^2) table
     assert abs(tied["geometry/input/rms"] - 0.02) < 0.002 and abs(tied["geometry/input/cosine"]) < 0.01
     assert all(tied[f"geometry/input/{m}"] == tied[f"geometry/head/{m}"] for m in ("rms", "cosine", "eff_rank"))
-    # every logging.geometry_interval steps (100 by default) and at the last step: the full run's step 60
-    start, end = geometry_at("dp2_z2_full", 0), geometry_at("dp2_z2_full", 60)
+    # every logging.geometry_interval steps (100 by default) and at the last step: the full run's last
+    start, end = geometry_at("dp2_z2_full", 0), geometry_at("dp2_z2_full", SCHEDULE)
     assert end["geometry/input/cosine"] != start["geometry/input/cosine"]
 
 

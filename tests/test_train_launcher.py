@@ -68,13 +68,15 @@ def test_gpu_check_dry_run(tmp_path):
     """The GPU check's own sections on CPU with tiny shapes (gpu_check.sh --dry, Triton's interpreter): the loss and
     LEV kernel checks, the synthetic shard, bf16 training of TIED and LEV, bench_step.py's four contestants (ours at
     the new and at the old defaults, Hugging Face, Hugging Face + Liger) and LEV probe, the summary files in OUT
-    (its own earlier output, marked, is replaced) with the step-speed goals' ratios per scale. A scale without configs
-    fails its own sections, each recorded, and loses none of the other scale's numbers."""
+    (its own earlier output, marked, is replaced) with the step-speed goals' ratios per scale. STEP_EXTRA reaches
+    bench_step's "ours" (its loss chunk is recorded beside the ratio). A scale without configs fails its own
+    sections, each recorded, and loses none of the other scale's numbers."""
     out = tmp_path / "gc"
     out.mkdir()
     (out / ".gpu_check-output").touch()
     (out / "old.log").write_text("an earlier check's")
-    proc = _gpu_check_dry(out, {"STEPS": "4", "SCALES": "tiny-cpu nosuch", "PAIRS": "1"}, timeout=500)
+    env = {"STEPS": "4", "SCALES": "tiny-cpu nosuch", "PAIRS": "1", "STEP_EXTRA": "model.loss_chunk_tokens=48"}
+    proc = _gpu_check_dry(out, env, timeout=500)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: the nosuch scale's sections failed
     assert sorted(p.name for p in out.iterdir()) == [".gpu_check-output", "gpu_check.log", "summary.json", "summary.md"]
     summary = json.loads((out / "summary.json").read_text())
@@ -99,7 +101,8 @@ def test_gpu_check_dry_run(tmp_path):
         "liger",
     }
     assert "parallel.immediate_grad_update=false" in step["old_overrides"] and "Liger" in step["describe"]["liger"]
-    assert step["ref_attention"] == "sdpa" and "phases_s" in step
+    assert step["ref_attention"] == "sdpa" and "phases_s" in step and step["loss_chunk_tokens"] == 48
+    assert "(48 tokens a chunk)" in (out / "summary.md").read_text()
     assert probe["config"] == "configs/tiny-cpu-lev.yaml" and "aten::" in probe["profile"]
     sc = summary["scales"]["tiny-cpu"]
     assert sc["ours_over_ref"] == step["ratio_pairs"] and sc["ours_over_liger"] == step["ratio_pairs_vs"]["liger"]
@@ -113,31 +116,22 @@ def test_gpu_check_dry_run(tmp_path):
 @pytest.mark.multiproc
 def test_gpu_check_runs_the_sections_asked_for_and_summarizes_only_runs_that_started(tmp_path):
     """A second GPU run takes what the first left out: SECTIONS picks sections (the rest recorded as skipped, no
-    training row for them), STEP_EXTRA reaches bench_step's "ours" (its loss chunk is recorded beside the ratio),
-    OLD='' leaves out the old-defaults contestant. A training run skipped because the budget is spent is in the
-    sections table only: the first H200 check reported its skipped variant as 'failed: FileNotFoundError ...
-    config.json'. An unknown section is refused."""
-    out = tmp_path / "sections"
-    env = {"SECTIONS": "step", "STEP_EXTRA": "model.loss_chunk_tokens=48", "STEPS": "4", "PAIRS": "1", "OLD": ""}
-    proc = _gpu_check_dry(out, env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    states = {name: state for name, state, _ in summary["sections"]}
-    assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == states["checks"] == "skipped (SECTIONS)"
-    assert states["step-tiny-cpu"] == "ok" and summary["runs"] == []
-    (result,) = summary["results"]
-    assert result["step"]["loss_chunk_tokens"] == 48 and result["step"]["ratio_pairs"] > 0
-    assert result["step"]["contestants"] == ["ours", "ref", "liger"]
-    md = (out / "summary.md").read_text()
-    assert "None in this check." in md and "(48 tokens a chunk)" in md and "FileNotFoundError" not in md
-
+    training row for them). A training run skipped because the budget is spent is in the sections table only: the
+    first H200 check reported its skipped variant as 'failed: FileNotFoundError ... config.json'. OLD='' leaves out
+    the old-defaults contestant (and its check). An unknown section is refused. (bench_step's own run, with
+    STEP_EXTRA, is test_gpu_check_dry_run's.)"""
     out = tmp_path / "budget"  # 34 s less the 20 kept for the summary: under the 15 a section needs, from the start
-    proc = _gpu_check_dry(out, {"BUDGET": "34", "SECTIONS": "train"})
+    proc = _gpu_check_dry(out, {"BUDGET": "34", "SECTIONS": "train", "OLD": ""})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     states = {name: state for name, state, _ in summary["sections"]}
     assert states["tiny-cpu-tied"] == states["tiny-cpu-lev"] == "skipped (budget)", states
-    assert summary["runs"] == [] and "error" not in (out / "summary.md").read_text()
+    assert states["checks"] == states["step-tiny-cpu"] == "skipped (SECTIONS)", states
+    assert summary["runs"] == [] and summary["results"] == []
+    md = (out / "summary.md").read_text()
+    assert "None in this check." in md and "error" not in md and "FileNotFoundError" not in md
+    log = (out / "gpu_check.log").read_text()
+    assert "OLD (A): \n" in log and "does not load" not in log  # '' is no old contestant, not the defaults
 
     proc = _gpu_check_dry(tmp_path / "bad", {"SECTIONS": "train warp"})
     assert proc.returncode == 2 and "unknown section 'warp'" in proc.stderr, proc.stderr

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.multiproc import REPO, base_env, run_ranks
 
 CONFIG = str(REPO / "configs" / "tiny-cpu-lev.yaml")
-# The tiny-cpu config, shrunk further so that a 60-step run takes seconds on 2 cores.
+# The tiny-cpu config, shrunk further so that a 40-step run takes seconds on 2 cores.
 TINY = [
     "model.vocab_size=512",
     "model.hidden_size=64",
@@ -110,13 +110,15 @@ def events(name: str, what: str) -> list[dict]:
 
 
 # ---- the bundled launches (each once per session) ----
-# Every trajectory run uses the 60-step schedule and stops at step 20 (train.exit_at_step), so its first
-# 20 losses are comparable with the first 20 of the uninterrupted 60-step runs.
-TRAJ = ("train.steps=60", "train.exit_at_step=20")
-FULL = ("train.steps=60",)
+# Every trajectory run uses the 40-step schedule and stops at step 20 (train.exit_at_step), so its first
+# 20 losses are comparable with the first 20 of the uninterrupted 40-step runs.
+SCHEDULE = 40
+TRAJ = (f"train.steps={SCHEDULE}", "train.exit_at_step=20")
+FULL = (f"train.steps={SCHEDULE}",)
+PART = 20  # where the interrupted FULL runs stop (a checkpoint), resumed in a fresh launch to the end
 PP2 = ("parallel.zero_stage=1", "parallel.pipeline_parallel=2")
 TP2_SP = ("parallel.tensor_parallel=2", "parallel.sequence_parallel=true")
-SP_TRAJ = ("train.steps=60", "train.exit_at_step=10")  # the sequence-parallel runs: the first 10 steps of TRAJ's
+SP_TRAJ = (f"train.steps={SCHEDULE}", "train.exit_at_step=10")  # sequence-parallel runs: TRAJ's first 10 steps
 BF16 = ("parallel.precision=bf16", "parallel.zero_stage=1")
 # configs/7b-lev.yaml at 4 layers of width 64 and the tiny shard's vocabulary, with its TP 2 + sequence parallelism
 # (and bf16, ZeRO 1) kept and PP 2 and recompute added: the layout of a 7B run, two optimizer steps on the CPU
@@ -177,7 +179,7 @@ def dp_tp_runs() -> dict:
         [
             spec("dp2_z1", *TRAJ, "parallel.zero_stage=1"),
             spec("dp2_z2_full", *FULL, "parallel.zero_stage=2"),
-            spec("dp2_z2_part", *FULL, "parallel.zero_stage=2", "train.exit_at_step=30"),
+            spec("dp2_z2_part", *FULL, "parallel.zero_stage=2", f"train.exit_at_step={PART}"),
             spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=2", "logging.log_interval=1"),
             {
                 **spec("nan_one_rank", "train.steps=6", "train.eval_interval=0", "parallel.zero_stage=1"),
@@ -217,7 +219,7 @@ def reshard_runs() -> dict:
         "reshard",
         [
             *[
-                spec(f"dp2_z{z}", "train.steps=60", stop, f"parallel.zero_stage={z}", "train.eval_interval=0")
+                spec(f"dp2_z{z}", f"train.steps={SCHEDULE}", stop, f"parallel.zero_stage={z}", "train.eval_interval=0")
                 for z in (0, 1, 2, 3)
             ],
             spec("tp2", *TRAJ, "parallel.zero_stage=1", "parallel.tensor_parallel=1"),
@@ -234,7 +236,7 @@ def pipe_runs() -> dict:
         [
             spec("dp2_z2_part", *FULL, "parallel.zero_stage=2"),
             spec("pp2_full", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2"),
-            spec("pp2_part", *FULL, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "train.exit_at_step=30"),
+            spec("pp2_part", *FULL, *PP2, f"train.exit_at_step={PART}"),
             spec("pp2_tied", *TRAJ, "parallel.zero_stage=1", "parallel.pipeline_parallel=2", "model.variant=tied"),
             # model.recompute (tests/test_recompute_tp.py): the runs of pp2_full and dp2_z3, recomputing
             spec("pp2_recompute", *TRAJ, *PP2, "model.recompute=full", "model.recompute_layers=1"),
@@ -263,7 +265,7 @@ def sp_resume_runs() -> dict:
     """tp2_sp's checkpoint (step 10, trained with sequence parallelism) resumed with it off, to step 16."""
     dp_tp_runs()
     over = ("parallel.zero_stage=1", "parallel.tensor_parallel=2", "parallel.sequence_parallel=false")
-    return launch("sp_resume", [spec("tp2_sp", "train.steps=60", "train.exit_at_step=16", *over)], nprocs=2)
+    return launch("sp_resume", [spec("tp2_sp", f"train.steps={SCHEDULE}", "train.exit_at_step=16", *over)], nprocs=2)
 
 
 @functools.cache
@@ -274,7 +276,7 @@ def four_process_runs() -> dict:
         [
             spec(
                 "pp2_tp2",
-                "train.steps=60",
+                f"train.steps={SCHEDULE}",
                 "train.exit_at_step=6",
                 "parallel.zero_stage=1",
                 "parallel.pipeline_parallel=2",
@@ -283,7 +285,7 @@ def four_process_runs() -> dict:
             ),
             spec(
                 "pp2_tp2_sp",
-                "train.steps=60",
+                f"train.steps={SCHEDULE}",
                 "train.exit_at_step=6",
                 "parallel.zero_stage=1",
                 "parallel.pipeline_parallel=2",
@@ -297,7 +299,7 @@ def four_process_runs() -> dict:
             },
             spec(
                 "pp2_dp2",
-                "train.steps=60",
+                f"train.steps={SCHEDULE}",
                 "train.exit_at_step=6",
                 "parallel.zero_stage=1",
                 "parallel.pipeline_parallel=2",
