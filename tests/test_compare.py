@@ -26,6 +26,7 @@ from tests.compare_runs import (
     ok,
     read_csv,
 )
+from tests.trained import STEPS
 
 
 @pytest.fixture
@@ -293,7 +294,7 @@ def test_real_trained_runs(trained_run, tmp_path):
         c = build(Config, cfg)
         parts = counts.param_breakdown(c.model, c.parallel.tensor_parallel)
         assert int(row["total_params"]) == parts["total"] and int(row["input_params"]) == parts["input"]
-        assert int(row["tokens_seen"]) == 30 * cfg["train"]["global_batch_size"] * cfg["model"]["seq_length"]
+        assert int(row["tokens_seen"]) == STEPS * cfg["train"]["global_batch_size"] * cfg["model"]["seq_length"]
         # tokens to reach, by hand: the first evaluation at or below the target, linear from the one before
         want = None
         for i, (t, v) in enumerate(curve):

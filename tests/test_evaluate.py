@@ -24,6 +24,7 @@ from leviathan_pretrain.evaluation.load import eval_world, load_trained
 from leviathan_pretrain.evaluation.scoring import score_stream, windows
 from tests.conftest import read_jsonl_zst
 from tests.multiproc import REPO, run_python, run_ranks
+from tests.trained import STEPS
 
 WIKI = REPO.parent / "shared" / "data" / "wikitext-103-test.raw"
 
@@ -148,7 +149,7 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
     run = run_copy("lev-tp2")
     p = evaluate("--run", run, "--data", minipile_shards["val"], "--max-tokens", 3000, "--context", 64)
     assert p.returncode == 0, p.stderr
-    rep = json.loads((run / "eval" / "global_step30.json").read_text())
+    rep = json.loads((run / "eval" / f"global_step{STEPS}.json").read_text())
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     ds = IndexedDataset(minipile_shards["val"], mmap=True)
@@ -185,7 +186,7 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     (ev,) = acc.Scalars("eval/val/ppl")
-    assert ev.step == 30 and abs(ev.value - h["ppl"]) / h["ppl"] < 1e-5
+    assert ev.step == STEPS and abs(ev.value - h["ppl"]) / h["ppl"] < 1e-5
     assert "train/loss" in acc.Tags()["scalars"]  # beside the training curves
     assert "by training frequency" in p.stdout and "report:" in p.stdout
     # the token vectors' geometry: the model's own rows, overall and in the frequency buckets' id sets
@@ -200,7 +201,7 @@ def test_heldout_and_frequency_buckets_equal_a_plain_recomputation(run_copy, wor
         unseen_ids = np.flatnonzero(counts[: tr.vocab_size] == 0)
         assert geo[key]["buckets"][0]["types"] == len(unseen_ids)
     (cos,) = acc.Scalars("eval/geometry/input/cosine")
-    assert cos.step == 30 and cos.value == pytest.approx(geo["input"]["cosine"], rel=1e-6)
+    assert cos.step == STEPS and cos.value == pytest.approx(geo["input"]["cosine"], rel=1e-6)
     assert "token vectors" in p.stdout and "effective rank" in p.stdout
 
 
@@ -220,7 +221,7 @@ def test_wikitext_and_lambada_equal_a_plain_recomputation(run_copy, world, tmp_p
     run = run_copy("tied-tp2")
     p = evaluate("--run", run, "--no-heldout", "--wikitext", small, "--lambada", lam, "--context", 64)
     assert p.returncode == 0, p.stderr
-    rep = json.loads((run / "eval" / "global_step30.json").read_text())
+    rep = json.loads((run / "eval" / f"global_step{STEPS}.json").read_text())
     tr = load_trained(run)
     sp = spm.SentencePieceProcessor(model_file=str(tr.tokenizer.path))
     eod = sp.eos_id()
@@ -258,7 +259,7 @@ def test_two_data_parallel_ranks_equal_one_process(run_copy, minipile_shards, tm
     assert evaluate("--run", run, *opts, "--out", tmp_path / "one.json").returncode == 0
     run_ranks(["-m", "leviathan_pretrain.evaluate", "--run", str(before), str(run), *map(str, opts)], timeout=240)
     one = json.loads((tmp_path / "one.json").read_text())
-    two, tied = (json.loads((r / "eval" / "global_step30.json").read_text()) for r in (run, before))
+    two, tied = (json.loads((r / "eval" / f"global_step{STEPS}.json").read_text()) for r in (run, before))
     assert two["settings"]["world"] == 2 and one["heldout"][0]["tokens"] == two["heldout"][0]["tokens"]
     assert abs(one["heldout"][0]["loss"] - two["heldout"][0]["loss"]) < 1e-9
     assert [b["tokens"] for b in one["frequency"]["buckets"]] == [b["tokens"] for b in two["frequency"]["buckets"]]
@@ -277,7 +278,7 @@ def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards, gpt2_
     assert "no complete checkpoint" in p.stderr and str(empty / "checkpoints") in p.stderr
     run = run_copy("lev-tp2")
     p = evaluate_here("--run", run, "--step", 7)
-    assert p.returncode == 2 and "no complete checkpoint at step 7" in p.stderr and "global_step30" in p.stderr
+    assert p.returncode == 2 and "no complete checkpoint at step 7" in p.stderr and f"global_step{STEPS}" in p.stderr
     other = tmp_path / "other.tiktoken"  # another real tokenizer (GPT-2's ranks): another fingerprint
     shutil.copy(gpt2_tiktoken, other)
     p = evaluate_here("--run", run, "--tokenizer", other, "--no-heldout", "--wikitext", WIKI)
@@ -292,8 +293,8 @@ def test_bad_input_is_one_clear_error(run_copy, tmp_path, minipile_shards, gpt2_
     p = evaluate_here("--run", run, run, "--out", tmp_path / "r.json")
     assert p.returncode == 2 and "--out names one report and 2 runs were given" in p.stderr
     # a checkpoint whose recorded config is not the one its weights were trained with
-    meta = json.loads((run / "checkpoints" / "global_step30" / "leviathan.json").read_text())
+    meta = json.loads((run / "checkpoints" / f"global_step{STEPS}" / "leviathan.json").read_text())
     meta["config"]["model"]["hidden_size"] = 64
-    (run / "checkpoints" / "global_step30" / "leviathan.json").write_text(json.dumps(meta))
+    (run / "checkpoints" / f"global_step{STEPS}" / "leviathan.json").write_text(json.dumps(meta))
     p = evaluate_here("--run", run, "--no-tensorboard")
     assert p.returncode == 2 and "another configuration" in p.stderr and p.stderr.count("\n") == 1

@@ -8,7 +8,10 @@ Each run is exported once per module (fp32, through the real CLI); the runs are 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ import sentencepiece as spm
 import torch
 
 from tests.conftest import read_jsonl_zst, run_module
+from tests.trained import STEPS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,19 +39,35 @@ EDGE_TEXTS = [
 ]
 
 
+def export_here(*argv) -> str:
+    """The export command's ``main`` in this process (what it printed): the six fixture exports pay no interpreter
+    start each. The command as a process is run by the tests below (errors, bf16, --overwrite)."""
+    from leviathan_pretrain import export_hf
+
+    saved, out = dict(os.environ), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = export_hf.main([str(a) for a in argv])
+    finally:  # main sets DS_ACCELERATOR and TQDM_DISABLE for its own process: not for the tests after this one
+        os.environ.clear()
+        os.environ.update(saved)
+    assert rc == 0, out.getvalue()
+    return out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def exported(trained_run, tmp_path_factory):
-    """``exported(name)`` -> (run dir, fp32 export dir), exported once per module through the CLI."""
+    """``exported(name)`` -> (run dir, fp32 export dir), exported once per module by the command's ``main``."""
     root, done = tmp_path_factory.mktemp("hf_exports"), {}
 
     def get(name):
         if name not in done:
             run = trained_run(name)
             out = root / name
-            p = run_module(CLI, "--run", run, "--out", out, "--dtype", "fp32", timeout=240)
-            assert f"to {out}" in p.stdout and "parameters" in p.stdout and "float32" in p.stdout, p.stdout
+            stdout = export_here("--run", run, "--out", out, "--dtype", "fp32")
+            assert f"to {out}" in stdout and "parameters" in stdout and "float32" in stdout, stdout
             done[name] = (run, out)
-            get.stdout[name] = p.stdout
+            get.stdout[name] = stdout
         return done[name]
 
     get.stdout = {}  # name -> what the export printed
@@ -175,7 +195,7 @@ def test_config_and_marker(exported):
             if not tied:
                 assert f.get_slice("lm_head.weight").get_shape() == [8000, 128]
         mark = json.loads((out / "leviathan_export.json").read_text())
-        assert mark["variant"] == name.split("-")[0] and mark["step"] == 30 and mark["tag"] == "global_step30"
+        assert mark["variant"] == name.split("-")[0] and mark["step"] == STEPS and mark["tag"] == f"global_step{STEPS}"
         assert mark["dtype"] == "fp32" and mark["source_run"] == str(run)
         assert mark["tokenizer_sha256"] == sha256_file(out / "tokenizer.model")
         gen = json.loads((out / "generation_config.json").read_text())

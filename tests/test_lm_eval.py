@@ -27,6 +27,7 @@ import yaml
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from tests.conftest import REPO, read_jsonl_zst
+from tests.trained import STEPS
 
 GEN = {"until": ["."], "max_gen_toks": 12, "do_sample": False}
 
@@ -265,7 +266,7 @@ def test_harness_tasks_match_plain_torch(lev_run, tasks):
         log_samples=True,
     )
     res, samples = out["results"], out["samples"]
-    assert out["config"]["leviathan_step"] == 30 and out["config"]["model_variant"] == "lev"
+    assert out["config"]["leviathan_step"] == STEPS and out["config"]["model_variant"] == "lev"
     with eval_world("cpu"):
         ref = Reference(lev_run)
         for name in ("lev_mc", "lev_mc_midword"):
@@ -339,7 +340,7 @@ def test_two_adapters_args_and_long_continuations(lev_run, trained_run):
 
     assert get_model("leviathan") is LeviathanLM and "hf" in model_registry  # lm-eval's own models still there
     tied = trained_run("tied-tp2")
-    a = LeviathanLM.create_from_arg_string(f"run={lev_run},step=30", {"batch_size": 1, "device": "cuda:0"})
+    a = LeviathanLM.create_from_arg_string(f"run={lev_run},step={STEPS}", {"batch_size": 1, "device": "cuda:0"})
     b = LeviathanLM.create_from_arg_obj({"run": str(tied), "batch_size": 3, "max_length": 64}, {"batch_size": 1})
     assert a.batch_size == 1 and b.batch_size == 3 and b.max_length == 64
     assert a.device.type == ("cuda" if torch.cuda.is_available() else "cpu")

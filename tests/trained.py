@@ -10,7 +10,7 @@ has checkpoints in the layout its name says (``tp2``: two tensor-parallel shards
 TensorBoard events.
 
 The model: the tiny-cpu body shrunk to 2 layers of width 128 with grouped-query attention (4 heads in 2
-groups) at sequence 128, on the 8k minipile tokenizer; 30 steps of 8 x 128 tokens.
+groups) at sequence 128, on the 8k minipile tokenizer; 30 steps of 8 x 128 tokens (a validation at 15 and 30).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tests.multiproc import REPO, run_ranks
 
-STEPS = 30
+STEPS = 30  # fewer (16) leave the TIED run greedy-generating only newlines: tests/test_lm_eval.py needs more
 MARK = ".leviathan-test-run"  # in each run directory this cache trained: the only directories it deletes
 BODY = [
     "model.vocab_size=8000",
@@ -41,7 +41,7 @@ BODY = [
     "train.micro_batch_size=4",
     "train.global_batch_size=8",
     f"train.steps={STEPS}",
-    "train.eval_interval=15",
+    f"train.eval_interval={STEPS // 2}",
     "train.eval_iters=2",
     f"checkpoint.save_interval={STEPS}",
     "logging.log_interval=5",
@@ -94,7 +94,8 @@ def train_run(name: str, cache: Path, shards: dict, tokenizer: Path) -> Path:
     not yet cached, in one launch, in place under a lock (the config a run records names its own directory); a
     marked directory without ``checkpoints/latest`` is a killed earlier build of this cache and is replaced
     (:func:`claim`)."""
-    finals = {n: cache / f"{n}-{_code_key(n, str(shards), str(tokenizer))}" for n in RUNS}
+    # keyed by what trains it: the code, the data, and the run's overrides (a changed BODY or STEPS retrains)
+    finals = {n: cache / f"{n}-{_code_key(*overrides(n, shards, tokenizer, Path('.')))}" for n in RUNS}
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".runs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -133,7 +134,7 @@ def _train(names: list[str], finals: dict, shards: dict, tokenizer: Path, cache:
         specs.append({"name": n, "config": config, "overrides": overrides(n, shards, tokenizer, finals[n])})
     path = cache / f".runs-{os.getpid()}.json"
     path.write_text(json.dumps(specs))
-    try:  # ~15 s of imports per rank, then each run's 30 steps in seconds (420 s: a loaded machine)
+    try:  # ~15 s of imports per rank, then each run's steps in seconds (420 s: a loaded machine)
         results = run_ranks(["tests/workers/train_runs.py", str(path)], nprocs=2, timeout=420)
     finally:
         path.unlink(missing_ok=True)
