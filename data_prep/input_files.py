@@ -1,5 +1,5 @@
 """Which input files a run reads, and how: glob expansion in order (refusing missing, unreadable or directory
-inputs) and the ``jsonl`` / ``text`` format and zstd compression of each file."""
+inputs) and the ``jsonl`` / ``text`` format and zstd or gzip compression of each file."""
 
 from __future__ import annotations
 
@@ -34,10 +34,14 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return out
 
 
-def input_format(path: str, fmt: str = "auto") -> tuple[str, bool]:
-    """(``jsonl`` | ``text``, zstd-compressed?) from ``--format`` or the file name."""
-    compressed = path.endswith(".zst")
-    base = path[:-4] if compressed else path
+COMPRESSIONS = {".zst": "zst", ".gz": "gz"}  # file name suffix -> the reader's decompressor (data_prep/sources.py)
+
+
+def input_format(path: str, fmt: str = "auto") -> tuple[str, str]:
+    """(``jsonl`` | ``text``, compression: ``zst`` | ``gz`` | ``""``) from ``--format`` and the file name."""
+    suffix = next((s for s in COMPRESSIONS if path.endswith(s)), "")
+    compressed = COMPRESSIONS.get(suffix, "")
+    base = path[: -len(suffix)] if suffix else path
     if fmt == "auto":
         fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
     if fmt not in ("jsonl", "text"):

@@ -1,4 +1,4 @@
-"""Input readers: jsonl / jsonl.zst / plain text (optionally .zst) as batches of documents, skip accounting.
+"""Input readers: jsonl / plain text, each optionally .zst or .gz, as batches of documents, skip accounting.
 (Input globs and formats: data_prep/input_files.py; set filters: data_prep/pile_sets.py; bounded lines and
 paragraphs: data_prep/bounded_lines.py; their public names are importable from here too.)
 
@@ -13,7 +13,7 @@ What counts as bad input, and what happens (the policy the README documents):
   without newlines: its bytes are dropped as they are read, never held whole), and
   ``no_tokens`` (counted by the tokenizer: the text encodes to nothing).
 * file-level problems are **hard errors** naming the file (and the line reached): a missing or
-  unreadable input, a truncated or corrupt ``.zst`` stream. A broken download must not turn into a
+  unreadable input, a truncated or corrupt ``.zst`` / ``.gz`` stream. A broken download must not turn into a
   silently shorter corpus; re-download the file or leave it out.
 * documents dropped by ``--include-sets`` / ``--exclude-sets`` are counted per set (``filtered_sets``).
 """
@@ -21,6 +21,7 @@ What counts as bad input, and what happens (the policy the README documents):
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -67,6 +68,13 @@ EXAMPLES_PER_REASON = 5
 U2581 = "\u2581".encode()  # SentencePiece's space marker: decodes as " ", so such text cannot round-trip
 
 
+# compression (data_prep/input_files.py) -> (its name in messages, its unit, a new streaming decompressor, its error)
+_CODECS = {
+    "zst": ("zstd", "frame", lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError),
+    "gz": ("gzip", "member", lambda: zlib.decompressobj(wbits=31), zlib.error),  # 31: a gzip header and trailer
+}
+
+
 @dataclass
 class Batch:
     units: list  # UTF-8 bytes to encode: whole documents, or consecutive pieces of one
@@ -107,8 +115,8 @@ class FileStats:
 class FileReader:
     """Streams one input file as :class:`Batch` es of at most ~``batch_bytes`` of text.
 
-    Reads and hashes the raw bytes in ``read_size`` chunks, decompresses zstd frame by frame (a
-    truncated stream is an error), splits lines without quadratic copying, parses with orjson.
+    Reads and hashes the raw bytes in ``read_size`` chunks, decompresses zstd frame by frame or gzip member by
+    member (a truncated stream is an error), splits lines without quadratic copying, parses with orjson.
     Memory is bounded by ``batch_bytes`` plus the longest single document, at most ``max_record_bytes``:
     a longer line (or text record) is skipped as ``record_too_long`` while it is read.
     """
@@ -158,32 +166,32 @@ class FileReader:
                     self.stats.bytes += len(raw)
                     yield raw
             else:
-                dctx = zstandard.ZstdDecompressor()
-                dobj, pending_frame = dctx.decompressobj(), False
+                name, unit, new, error = _CODECS[self.compressed]
+                dobj, pending = new(), False
                 while raw := f.read(self.read_size):
                     h.update(raw)
                     self.stats.bytes += len(raw)
                     out = []
                     try:
                         while raw:
-                            pending_frame = True
+                            pending = True
                             out.append(dobj.decompress(raw))
                             raw = b""
-                            if dobj.eof:  # frame done; maybe another follows
-                                pending_frame = False
+                            if dobj.eof:  # frame (member) done; maybe another follows: pzstd, pigz, cat a b
+                                pending = False
                                 raw = dobj.unused_data
-                                dobj = dctx.decompressobj()
-                    except zstandard.ZstdError as e:
+                                dobj = new()
+                    except error as e:
                         raise UserError(
-                            f"{self.path}: corrupt zstd data after line {self.line} "
-                            f"(compressed byte ~{self.stats.bytes}): {e}"
+                            f"{self.path}: corrupt {name} data after line {self.line} "
+                            f"(compressed byte ~{self.stats.bytes}): {e}; re-download it or leave it out"
                         ) from None
                     data = b"".join(out)
                     if data:
                         yield data
-                if pending_frame:
+                if pending:
                     raise UserError(
-                        f"{self.path}: truncated zstd stream (file ends inside a frame after "
+                        f"{self.path}: truncated {name} stream (file ends inside a {unit} after "
                         f"line {self.line}, {self.stats.bytes} compressed bytes); "
                         "re-download it or leave it out"
                     )

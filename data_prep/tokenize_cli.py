@@ -1,4 +1,4 @@
-"""Tokenize jsonl / jsonl.zst / plain-text files into megatron-core ``MMIDIDX`` shards.
+"""Tokenize jsonl / plain-text files (each optionally .zst or .gz) into megatron-core ``MMIDIDX`` shards.
 
   python -m data_prep.tokenize --input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
       --out data/pile_train --workers 16
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         default="auto",
         choices=("auto", "jsonl", "text"),
-        help="auto: *.jsonl/*.json/*.ndjson[.zst] are jsonl, anything else plain text",
+        help="auto: *.jsonl/*.json/*.ndjson[.zst|.gz] are jsonl, anything else plain text",
     )
     ap.add_argument(
         "--text-unit",

@@ -2,6 +2,7 @@
 reads and writes megatron's index format for every dtype it has."""
 
 import filecmp
+import gzip
 import json
 import struct
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
+import zstandard
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
 from data_prep import mmidx
@@ -40,8 +42,12 @@ def test_uint16_shard_is_byte_identical_to_megatron_builder(minipile_shards, tmp
 def test_int32_shard_is_byte_identical_and_holds_the_same_tokens(
     minipile_dir, tokenizer_model, minipile_shards, tokenize, tmp_path
 ):
+    """Also: the same file gzipped (`.jsonl.gz`) gives the documents of the `.jsonl.zst` shard, token for token."""
+    plain = zstandard.ZstdDecompressor().stream_reader(open(minipile_dir / "val.jsonl.zst", "rb")).read()
+    gz = tmp_path / "val.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain, compresslevel=1))
     prefix = str(tmp_path / "val32")
-    tokenize(minipile_dir / "val.jsonl.zst", tokenizer_model, prefix, "--dtype", "int32", timeout=120)
+    tokenize(gz, tokenizer_model, prefix, "--dtype", "int32", timeout=120)
     docs = _megatron_copy(prefix, str(tmp_path / "ref32"), np.int32)
     assert _same_files(prefix, str(tmp_path / "ref32"))
     ds16 = IndexedDataset(minipile_shards["val"])

@@ -1,28 +1,83 @@
-"""The streaming reader: lines across read chunks, multi-frame zstd, document cutting for encoding."""
+"""The streaming reader: lines across read chunks, multi-frame zstd and multi-member gzip, document cutting."""
 
+import gzip
 import json
+import re
 
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.cli import UserError
 from data_prep.sources import FileReader, split_after_newlines
 
 lines_st = st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30)
 
 
+COMPRESS = {"": lambda b: b, ".zst": zstandard.ZstdCompressor().compress, ".gz": lambda b: gzip.compress(b, mtime=0)}
+
+
 @settings(max_examples=150, deadline=None)
-@given(lines=lines_st, read_size=st.integers(1, 64), trailing_newline=st.booleans(), compress=st.booleans())
-def test_lines_survive_any_read_chunking(tmp_path_factory, lines, read_size, trailing_newline, compress):
+@given(
+    lines=lines_st,
+    read_size=st.integers(1, 64),
+    trailing_newline=st.booleans(),
+    suffix=st.sampled_from(sorted(COMPRESS)),
+)
+def test_lines_survive_any_read_chunking(tmp_path_factory, lines, read_size, trailing_newline, suffix):
     data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
-    path = tmp_path_factory.mktemp("lines") / ("f.txt.zst" if compress else "f.txt")
-    path.write_bytes(zstandard.ZstdCompressor().compress(data) if compress else data)
+    path = tmp_path_factory.mktemp("lines") / f"f.txt{suffix}"
+    path.write_bytes(COMPRESS[suffix](data))
     got = list(FileReader(str(path), read_size=read_size)._lines())
     expected = data.split(b"\n")
     if expected and expected[-1] == b"":
         expected.pop()
     assert got == expected
+
+
+def test_gzip_reads_as_zstd_and_plain_do_member_by_member(tmp_path):
+    """The same records as .jsonl, .jsonl.zst and .jsonl.gz (several gzip members, as pigz or `cat a.gz b.gz` write):
+    the same documents, sets, records and skips."""
+    recs = [
+        {"text": f"doc {i} caf\u00e9", "meta": {"pile_set_name": ["Github", "Enron Emails"][i % 2]}} for i in range(40)
+    ]
+    lines = [json.dumps(r).encode() + b"\n" for r in recs] + [b"not json\n", b"\n"]
+    data = b"".join(lines)
+    (tmp_path / "a.jsonl").write_bytes(data)
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    (tmp_path / "a.jsonl.gz").write_bytes(b"".join(gzip.compress(x, mtime=0) for x in (data[:100], data[100:], b"")))
+    got = {}
+    for name in ("a.jsonl", "a.jsonl.zst", "a.jsonl.gz"):
+        r = FileReader(str(tmp_path / name), read_size=7)
+        batches = list(r.batches())
+        got[name] = (
+            [d for b in batches for d in b.units],
+            [r.set_names[i] for b in batches for i in b.set_ids],
+            r.stats.records,
+            dict(r.stats.skipped),
+        )
+        assert r.stats.bytes == (tmp_path / name).stat().st_size
+    assert got["a.jsonl.gz"] == got["a.jsonl.zst"] == got["a.jsonl"]
+    assert len(got["a.jsonl"][0]) == 40 and got["a.jsonl"][3] == {"invalid_json": 1, "blank_line": 1}
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".gz"])
+def test_truncated_or_corrupt_compressed_input_is_an_error_naming_the_file(tmp_path, suffix):
+    data = b"".join(json.dumps({"text": f"document number {i}"}).encode() + b"\n" for i in range(2000))
+    packed = zstandard.ZstdCompressor(write_checksum=True).compress(data) if suffix == ".zst" else gzip.compress(data)
+    name = {".zst": "zstd", ".gz": "gzip"}[suffix]
+    cut = tmp_path / f"cut.jsonl{suffix}"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(UserError, match=rf"^{re.escape(str(cut))}: truncated {name} stream .* after line \d+"):
+        list(FileReader(str(cut)).batches())
+    bad = bytearray(packed)
+    for i in range(len(bad) // 3, len(bad) // 3 + 64):
+        bad[i] ^= 0xFF
+    corrupt = tmp_path / f"corrupt.jsonl{suffix}"
+    corrupt.write_bytes(bytes(bad))
+    with pytest.raises(UserError, match=rf"^{re.escape(str(corrupt))}: corrupt {name} data after line \d+"):
+        list(FileReader(str(corrupt)).batches())
 
 
 def test_multi_frame_zstd_and_empty_files(tmp_path):
