@@ -1,4 +1,4 @@
-"""Offline preprocessing: The Pile (jsonl / plain text, .zst or .gz) -> SentencePiece -> megatron-core shards.
+"""Offline preprocessing: The Pile (jsonl / text, .zst / .gz; Parquet) -> SentencePiece -> megatron-core shards.
 
 Commands (each has ``--help``):
 

@@ -1,5 +1,5 @@
 """Which input files a run reads, and how: glob expansion in order (refusing missing, unreadable or directory
-inputs) and the ``jsonl`` / ``text`` format and zstd or gzip compression of each file."""
+inputs) and the ``jsonl`` / ``text`` / ``parquet`` format and zstd or gzip compression of each file."""
 
 from __future__ import annotations
 
@@ -35,15 +35,20 @@ def expand_inputs(patterns: list[str]) -> list[str]:
 
 
 COMPRESSIONS = {".zst": "zst", ".gz": "gz"}  # file name suffix -> the reader's decompressor (data_prep/sources.py)
+FORMATS = ("jsonl", "text", "parquet")  # --format, besides auto
+JSONL = (".jsonl", ".json", ".ndjson")
 
 
 def input_format(path: str, fmt: str = "auto") -> tuple[str, str]:
-    """(``jsonl`` | ``text``, compression: ``zst`` | ``gz`` | ``""``) from ``--format`` and the file name."""
+    """(``jsonl`` | ``text`` | ``parquet``, compression: ``zst`` | ``gz`` | ``""``) from ``--format`` and the file
+    name (auto: ``*.parquet`` is Parquet, ``*.jsonl|json|ndjson`` jsonl, anything else plain text)."""
     suffix = next((s for s in COMPRESSIONS if path.endswith(s)), "")
     compressed = COMPRESSIONS.get(suffix, "")
     base = path[: -len(suffix)] if suffix else path
     if fmt == "auto":
-        fmt = "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
-    if fmt not in ("jsonl", "text"):
-        raise UserError(f"unknown --format {fmt!r}; choose auto, jsonl or text")
+        fmt = "parquet" if base.endswith(".parquet") else "jsonl" if base.endswith(JSONL) else "text"
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose auto, {', '.join(FORMATS)}")
+    if fmt == "parquet" and compressed:
+        raise UserError(f"{path}: a Parquet file compresses its own pages; give it without .zst/.gz (decompress it)")
     return fmt, compressed

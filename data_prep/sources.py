@@ -1,4 +1,5 @@
-"""Input readers: jsonl / plain text, each optionally .zst or .gz, as batches of documents, skip accounting.
+"""Input readers: jsonl / plain text, each optionally .zst or .gz, and Parquet (data_prep/parquet_source.py) as
+batches of documents, skip accounting.
 (Input globs and formats: data_prep/input_files.py; set filters: data_prep/pile_sets.py; bounded lines and
 paragraphs: data_prep/bounded_lines.py; their public names are importable from here too.)
 
@@ -32,6 +33,7 @@ from common.cli import UserError
 from data_prep.bounded_lines import MAX_RECORD_BYTES, TOO_LONG, split_lines, split_paragraphs
 from data_prep.console import log
 from data_prep.input_files import expand_inputs, input_format
+from data_prep.parquet_source import parquet_docs
 from data_prep.pile_sets import NO_SET, PILE_SET_NAMES, PRESETS, SetFilter, make_set_filter
 
 __all__ = [  # the readers' public names, wherever they are defined
@@ -334,7 +336,10 @@ class FileReader:
         """Yield batches; with ``chunk_bytes`` > 0, documents longer than twice that are cut into
         newline-ended pieces (see pipeline.Tokenizer.chunk_safe for when that is exact), and a
         document longer than a batch becomes several piece batches, encoded in parallel."""
-        docs_iter = self._jsonl_docs() if self.fmt == "jsonl" else self._text_docs()
+        if self.fmt == "parquet":
+            docs_iter = parquet_docs(self)
+        else:
+            docs_iter = self._jsonl_docs() if self.fmt == "jsonl" else self._text_docs()
         units, pieces, sizes, sids, nbytes = [], [], [], [], 0
         split = chunk_bytes > 0
         limit = 2 * chunk_bytes

@@ -1,4 +1,4 @@
-"""Tokenize jsonl / plain-text files (each optionally .zst or .gz) into megatron-core ``MMIDIDX`` shards.
+"""Tokenize jsonl / plain-text files (each optionally .zst or .gz) or Parquet into megatron-core ``MMIDIDX`` shards.
 
   python -m data_prep.tokenize --input 'pile/train/*.jsonl.zst' --tokenizer tok/tokenizer.model \\
       --out data/pile_train --workers 16
@@ -24,6 +24,7 @@ from common import cli
 from common.exit_codes import EXIT_BAD_INPUT
 from data_prep.comm import LocalComm, MpiComm, RanksFailed
 from data_prep.console import log, set_log_prefix
+from data_prep.input_files import FORMATS
 from data_prep.pile_sets import PRESETS
 from data_prep.runner import run_job
 from data_prep.tokenize_job import make_job, summary
@@ -72,12 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=len(os.sched_getaffinity(0)),
         help="encoder threads per process (default: usable cores, %(default)s here)",
     )
-    ap.add_argument("--json-key", default="text", help="jsonl field holding the text (default: text)")
+    ap.add_argument(
+        "--json-key",
+        "--text-column",
+        default="text",
+        help="jsonl field / Parquet column holding the text (default: text)",
+    )
     ap.add_argument(
         "--format",
         default="auto",
-        choices=("auto", "jsonl", "text"),
-        help="auto: *.jsonl/*.json/*.ndjson[.zst|.gz] are jsonl, anything else plain text",
+        choices=("auto", *FORMATS),
+        help="auto: *.parquet is Parquet, *.jsonl/*.json/*.ndjson[.zst|.gz] are jsonl, anything else plain text",
     )
     ap.add_argument(
         "--text-unit",

@@ -36,6 +36,7 @@ import sys
 from common import cli
 from common.cli import run_main
 from data_prep.console import set_log_prefix
+from data_prep.input_files import FORMATS
 from data_prep.pile_sets import PRESETS
 from data_prep.tokenizer_training import TokenizerTrainingOptions, train
 
@@ -84,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--character-coverage", type=float, default=0.9999)
     ap.add_argument("--user-defined-symbols", default="", help="comma-separated extra pieces")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="trainer threads")
-    ap.add_argument("--json-key", default="text")
-    ap.add_argument("--format", default="auto", choices=("auto", "jsonl", "text"))
+    ap.add_argument("--json-key", "--text-column", default="text", help="jsonl field / Parquet column of the text")
+    ap.add_argument("--format", default="auto", choices=("auto", *FORMATS))
     ap.add_argument("--text-unit", default="file", choices=("file", "line", "paragraph"))
     ap.add_argument("--include-sets", nargs="+", metavar="SET")
     ap.add_argument("--exclude-sets", nargs="+", metavar="SET")

@@ -21,7 +21,10 @@ from common.exit_codes import EXIT_BAD_INPUT
 COMMANDS = {
     "make-corpus": ("data_prep.make_corpus:main", "build the small multi-source test corpus in the Pile's format"),
     "train-tokenizer": ("data_prep.train_tokenizer:main", "train a SentencePiece/BPE tokenizer on a seeded sample"),
-    "tokenize": ("data_prep.tokenize_cli:main", "tokenize jsonl/text (.zst, .gz) into megatron-core .bin/.idx shards"),
+    "tokenize": (
+        "data_prep.tokenize_cli:main",
+        "tokenize jsonl/text (.zst, .gz) or Parquet into megatron-core .bin/.idx shards",
+    ),
     "data-demo": ("data_prep.data_demo:main", "the data half of the demo: corpus, tokenizer, shards"),
     "build-data-cache": (
         "leviathan_pretrain.build_data_cache:main",
