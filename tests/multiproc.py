@@ -155,6 +155,9 @@ def no_cuda_touch(monkeypatch, available: bool = False) -> None:
     """``torch.cuda.is_available()`` answers ``available``; any other CUDA query fails the test (a GPU path
     checked on the CPU must decide from the configured device, not by asking CUDA)."""
     import torch
+    import torch._dynamo  # noqa: F401  (its first import looks torch's functions up by name, torch.cuda's among them:
+    # done here, before they are replaced, or a compile the test triggers (megatron-core's fused functions compile at
+    # their first call) leaves dynamo half imported for every later test of this process)
 
     def touched(*a, **k):
         raise AssertionError("touched CUDA")
