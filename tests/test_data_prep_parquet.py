@@ -87,14 +87,11 @@ def test_file_level_problems_are_one_error_naming_the_file(tmp_path):
 
 
 def test_tokenize_gives_the_jsonl_shards_byte_for_byte(
-    minipile_dir, tokenizer_model, minipile_shards, tokenize, tmp_path
+    minipile_dir, tokenizer_model, minipile_shards, tokenize, read_corpus, tmp_path
 ):
     """`tokenize` on minipile's val split as Parquet (several row groups, meta as a struct) writes the shard the
     val.jsonl.zst gave (the fixture's), .bin and .idx byte for byte, and the same set counts."""
-    import zstandard
-
-    plain = zstandard.ZstdDecompressor().stream_reader(open(minipile_dir / "val.jsonl.zst", "rb")).read()
-    recs = [json.loads(line) for line in plain.splitlines()]
+    recs = read_corpus(minipile_dir / "val.jsonl.zst")
     table = pa.table({"text": [r["text"] for r in recs], "meta": [r["meta"] for r in recs]})
     src = tmp_path / "val.parquet"
     pq.write_table(table, src, row_group_size=max(1, len(recs) // 5))
